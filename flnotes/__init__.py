@@ -1,0 +1,8 @@
+"""flnotes: learn and reproduce federated learning methods that seek flat minima."""
+
+from flnotes.config import RunConfig
+from flnotes.history import History
+from flnotes.sim import run
+
+__version__ = "0.1.0"
+__all__ = ["History", "RunConfig", "run", "__version__"]

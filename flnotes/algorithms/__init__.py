@@ -1,0 +1,45 @@
+"""Registry of federated algorithms: name -> Strategy class (imported on first use)."""
+
+from __future__ import annotations
+
+import importlib
+
+from flnotes.algorithms.base import ClientResult, Strategy
+
+# name -> "module:Class"; modules are imported lazily so a broken or heavy method does not
+# slow down `import flnotes`.
+_REGISTRY = {
+    "fedavg": "flnotes.algorithms.fedavg:FedAvg",
+    "fedprox": "flnotes.algorithms.fedprox:FedProx",
+    "fedmut": "flnotes.algorithms.fedmut:FedMut",
+    "fedqp": "flnotes.algorithms.fedqp:FedQP",
+    "fedmr": "flnotes.algorithms.fedmr:FedMR",
+    "fml": "flnotes.algorithms.fml:FML",
+    "fedup": "flnotes.algorithms.fedup:FedUp",
+}
+
+
+def _available(name: str) -> bool:
+    module = _REGISTRY[name].split(":")[0]
+    return importlib.util.find_spec(module) is not None
+
+
+def algorithm_names() -> list[str]:
+    """Names of every registered algorithm."""
+    return sorted(n for n in _REGISTRY if _available(n))
+
+
+def algorithm_class(name: str) -> type[Strategy]:
+    """The Strategy class registered under ``name``."""
+    if name not in _REGISTRY or not _available(name):
+        raise ValueError(f"unknown algorithm {name!r}; registered: {algorithm_names()}")
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_strategy(config, global_state) -> Strategy:
+    """Instantiate the config's algorithm around the initial global state."""
+    return algorithm_class(config.algorithm)(config, global_state)
+
+
+__all__ = ["ClientResult", "Strategy", "algorithm_class", "algorithm_names", "build_strategy"]

@@ -1,0 +1,86 @@
+"""The strategy interface every federated algorithm implements (DESIGN.md).
+
+A round is: ``dispatch`` (the state each sampled client starts from), local training (by
+a backend in :mod:`flnotes.train`, adding ``local_penalty`` to the loss, or the
+strategy's own ``local_update``), then ``aggregate`` (the new global state). A strategy
+sees models only as states, so it runs unchanged on the 2-parameter toy and on a ResNet.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flnotes.state import clone_state, weighted_mean
+
+
+@dataclass
+class ClientResult:
+    """What one client sends back after local training."""
+
+    client: int
+    state: OrderedDict[str, torch.Tensor]
+    num_samples: int
+    train_loss: float  # mean training loss over the client's local steps
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Strategy:
+    """Base strategy: FedAvg's dispatch; aggregation by the configured weighting."""
+
+    name = "base"
+    default_weighting = "samples"
+    default_alpha: float | None = None
+    default_client_test_fraction = 0.0
+    # True when the strategy trains clients itself (FML's two models) via local_update.
+    custom_local_update = False
+    # True when local_penalty adds a term to the local loss (FedProx, FedUp).
+    has_penalty = False
+
+    def __init__(self, config, global_state) -> None:
+        self.config = config.resolved()
+        self.global_state = clone_state(global_state)
+
+    # ---- one round ------------------------------------------------------------
+    def dispatch(self, round: int, clients: list[int]) -> list[OrderedDict[str, torch.Tensor]]:
+        """The state each sampled client starts local training from (FedAvg: the global)."""
+        return [self.global_state for _ in clients]
+
+    def local_penalty(
+        self, params: dict[str, torch.Tensor], start: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """Extra local loss term over trainable params (None: plain empirical loss)."""
+        return None
+
+    def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:
+        """A whole custom local update; used only when ``custom_local_update`` is True."""
+        raise NotImplementedError(f"{type(self).__name__} has no custom local update")
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> OrderedDict[str, torch.Tensor]:
+        """New global state from the clients' results (weighted mean by default)."""
+        self.global_state = self.average(results)
+        return self.global_state
+
+    def average(self, results: list[ClientResult]) -> OrderedDict[str, torch.Tensor]:
+        """Mean of the clients' states, weighted by sample count or uniformly."""
+        if self.config.weighting == "samples":
+            weights = [r.num_samples for r in results]
+        else:
+            weights = [1.0] * len(results)
+        return weighted_mean([r.state for r in results], weights)
+
+    # ---- extra metrics and checkpoints -----------------------------------------
+    def round_metrics(self, task) -> dict[str, float]:
+        """Metrics beyond the global model's accuracy (e.g. FML's personal models)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the strategy needs to resume (tensors, numbers, lists, dicts)."""
+        return {"global_state": self.global_state}
+
+    def load_state_dict(self, values: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        self.global_state = OrderedDict(values["global_state"])

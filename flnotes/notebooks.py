@@ -1,0 +1,31 @@
+"""Execute the teaching notebooks with papermill (the main job's second half)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def teaching_notebooks(folder: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The toy-landscape notebooks 00-09, in course order."""
+    return sorted(folder.glob("0[0-9]_*.ipynb"))
+
+
+def run_teaching_notebooks(out: Path, parameters: dict | None = None) -> list[Path]:
+    """Run each teaching notebook headless into ``out``; return the executed copies."""
+    import papermill as pm
+
+    notebooks = teaching_notebooks()
+    if not notebooks:
+        print(f"no teaching notebooks found in {NOTEBOOK_DIR}")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    for nb in notebooks:
+        target = out / nb.name
+        print(f"== notebook {nb.name} -> {target}")
+        pm.execute_notebook(str(nb), str(target), parameters=parameters or {},
+                            cwd=str(out), progress_bar=False, kernel_name="python3")
+        done.append(target)
+    return done

@@ -1,0 +1,158 @@
+"""run(config) -> History: sample, dispatch, train, aggregate, evaluate, checkpoint.
+
+A run folder (``config.run_dir``) holds ``config.json``, ``metrics.jsonl`` (one line per
+round), ``run.json`` (status, environment, code version), ``checkpoint.pt`` and, at the
+end, ``global_model.pt``. Running a config on an existing folder resumes from the last
+checkpoint; because every random draw is derived from (seed, round, purpose), the
+resumed run ends in the same state as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from flnotes.algorithms import build_strategy
+from flnotes.history import History, code_version, environment_info
+from flnotes.rng import derive_seed, torch_generator
+from flnotes.state import clone_state, state_is_finite
+from flnotes.tasks import build_task, resolve_device
+from flnotes.train import train_clients
+
+# Fields that may differ when resuming a run folder without changing its results.
+RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "run_dir",
+                     "eval_batch_size"}
+
+
+def sample_clients(config, round: int) -> list[int]:
+    """The clients that take part in a round (without replacement, sorted)."""
+    g = torch_generator(config.seed, "sample", round)
+    chosen = torch.randperm(config.num_clients, generator=g)[: config.clients_per_round]
+    return sorted(chosen.tolist())
+
+
+def initial_state(config, task):
+    """The round-0 global model, the same for every algorithm given the seed."""
+    torch.manual_seed(derive_seed(config.seed, "init"))
+    return clone_state(task.model_factory().state_dict())
+
+
+def run(config, *, progress: bool = True, task=None) -> History:
+    """Run (or resume, or reload) a federated training and return its History."""
+    config = config.resolved()
+    task = task if task is not None else build_task(config)
+    device = resolve_device(config.device)
+    history = History(config=config.to_dict(), environment=environment_info(device),
+                      code_version=code_version(), run_dir=config.run_dir)
+    strategy = build_strategy(config, initial_state(config, task))
+    start_round = 1
+    run_dir = Path(config.run_dir) if config.run_dir else None
+    if run_dir is not None:
+        start_round = _prepare_folder(run_dir, config, history, strategy)
+        if history.status == "completed" and start_round > config.rounds:
+            history.final_state = strategy.global_state
+            return history
+        if history.status == "diverged":
+            return history
+        history.status = "running"
+
+    model = task.model_factory()
+    bar = tqdm(range(start_round, config.rounds + 1), desc=config.algorithm,
+               disable=not progress, initial=start_round - 1, total=config.rounds)
+    for rnd in bar:
+        tic = time.perf_counter()
+        clients = sample_clients(config, rnd)
+        starts = strategy.dispatch(rnd, clients)
+        results = train_clients(task, strategy, rnd, clients, starts, config)
+        new_global = strategy.aggregate(rnd, results)
+        weights = [r.num_samples for r in results]
+        train_loss = sum(r.train_loss * w for r, w in zip(results, weights)) / sum(weights)
+        row = {"round": rnd, "train_loss": train_loss}
+        if not math.isfinite(train_loss) or not state_is_finite(new_global):
+            history.status = "diverged"
+        elif rnd % config.eval_every == 0 or rnd == config.rounds:
+            model.load_state_dict(new_global)
+            row.update(task.evaluate(model, config.eval_batch_size))
+            row.update(strategy.round_metrics(task))
+        row["seconds"] = time.perf_counter() - tic
+        history.rows.append(row)
+        if config.record_states:
+            history.trajectory.append({
+                "round": rnd, "clients": clients,
+                "dispatched": [clone_state(s) for s in starts],
+                "local": [r.state for r in results], "global": clone_state(new_global)})
+        if "accuracy" in row:
+            bar.set_postfix(acc=f"{row['accuracy']:.3f}", s_per_round=f"{row['seconds']:.2f}")
+        if run_dir is not None:
+            _append_row(run_dir, row)
+        if history.status == "diverged":
+            break
+        if run_dir is not None and (rnd % config.checkpoint_every == 0):
+            _save_checkpoint(run_dir, rnd, strategy, history)
+    bar.close()
+    if history.status == "running":
+        history.status = "completed"
+    history.final_state = strategy.global_state
+    if run_dir is not None:
+        last = history.rows[-1]["round"] if history.rows else 0
+        _save_checkpoint(run_dir, last, strategy, history)
+        _atomic_save(strategy.global_state, run_dir / "global_model.pt")
+    return history
+
+
+# ---- run folder --------------------------------------------------------------------
+def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
+    """Create the folder, or check it holds this config and resume; returns the next round."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir / "config.json"
+    if config_file.exists():
+        stored = json.loads(config_file.read_text())
+        wanted = config.to_dict()
+        differing = sorted(k for k in set(stored) | set(wanted)
+                           if k not in RESUMABLE_CHANGES and stored.get(k) != wanted.get(k))
+        if differing:
+            details = ", ".join(f"{k}: {stored.get(k)!r} != {wanted.get(k)!r}" for k in differing)
+            raise ValueError(f"run folder {run_dir} holds a different run ({details}); "
+                             f"choose another run_dir or delete that folder")
+    config_file.write_text(config.to_json())
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.exists():
+        (run_dir / "metrics.jsonl").write_text("")
+        _write_meta(run_dir, history)
+        return 1
+    saved = torch.load(checkpoint, weights_only=True)
+    strategy.load_state_dict(saved["strategy"])
+    history.rows = list(saved["rows"])
+    history.status = saved["status"]
+    # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history.rows))
+    return int(saved["round"]) + 1
+
+
+def _append_row(run_dir: Path, row: dict) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _write_meta(run_dir: Path, history: History) -> None:
+    meta = {k: v for k, v in history.summary().items() if k != "rows"}
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
+
+
+def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History) -> None:
+    _atomic_save({"round": rnd, "strategy": strategy.state_dict(), "rows": history.rows,
+                  "status": history.status}, run_dir / "checkpoint.pt")
+    _write_meta(run_dir, history)
+
+
+def _atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file and rename, so a killed run never leaves half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

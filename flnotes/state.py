@@ -1,0 +1,94 @@
+"""Model state as an ordered mapping of layer name -> tensor, and the arithmetic on it.
+
+Every algorithm is written over states, so the same code runs on a 2-parameter toy
+model and on a ResNet. "Layer" means one entry of a ``state_dict`` (DESIGN.md).
+Integer buffers (BatchNorm's ``num_batches_tracked``) are never mixed: they are copied
+from the first state.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import torch
+
+State = "OrderedDict[str, torch.Tensor]"
+StateLike = Mapping[str, torch.Tensor]
+
+
+def is_float_layer(tensor: torch.Tensor) -> bool:
+    """True for floating-point layers, the only ones algorithms mix or mutate."""
+    return torch.is_floating_point(tensor)
+
+
+def clone_state(state: StateLike) -> OrderedDict[str, torch.Tensor]:
+    """A deep copy of a state, detached from any autograd graph."""
+    return OrderedDict((name, t.detach().clone()) for name, t in state.items())
+
+
+def float_layer_names(state: StateLike) -> list[str]:
+    """Names of the floating-point layers, in state order."""
+    return [name for name, t in state.items() if is_float_layer(t)]
+
+
+def state_sub(a: StateLike, b: StateLike) -> OrderedDict[str, torch.Tensor]:
+    """a - b on float layers; integer layers are taken from a."""
+    return OrderedDict(
+        (n, a[n] - b[n] if is_float_layer(a[n]) else a[n].clone()) for n in a
+    )
+
+
+def state_add(a: StateLike, b: StateLike, scale: float = 1.0) -> OrderedDict[str, torch.Tensor]:
+    """a + scale * b on float layers; integer layers are taken from a."""
+    return OrderedDict(
+        (n, a[n] + scale * b[n] if is_float_layer(a[n]) else a[n].clone()) for n in a
+    )
+
+
+def weighted_mean(
+    states: Sequence[StateLike], weights: Sequence[float] | None = None
+) -> OrderedDict[str, torch.Tensor]:
+    """Weighted mean of float layers (weights normalised to sum 1); integers from states[0]."""
+    if not states:
+        raise ValueError("weighted_mean needs at least one state")
+    if weights is None:
+        weights = [1.0] * len(states)
+    if len(weights) != len(states):
+        raise ValueError(f"got {len(states)} states but {len(weights)} weights")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights must sum to a positive number, got {list(weights)}")
+    coeffs = [float(w) / total for w in weights]
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    for name, first in states[0].items():
+        if is_float_layer(first):
+            stacked = torch.stack([s[name] for s in states])  # (K, *layer_shape)
+            c = torch.tensor(coeffs, dtype=first.dtype, device=first.device)
+            out[name] = torch.tensordot(c, stacked, dims=1)
+        else:
+            out[name] = first.clone()
+    return out
+
+
+def flatten_state(state: StateLike, names: Sequence[str] | None = None) -> torch.Tensor:
+    """Concatenate the chosen (default: float) layers into one 1-D vector."""
+    names = float_layer_names(state) if names is None else names
+    return torch.cat([state[n].reshape(-1) for n in names])
+
+
+def states_allclose(a: StateLike, b: StateLike, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
+    """True when two states have the same layers and all tensors are close."""
+    if list(a) != list(b):
+        return False
+    return all(torch.allclose(a[n].float(), b[n].float(), rtol=rtol, atol=atol) for n in a)
+
+
+def state_is_finite(state: StateLike) -> bool:
+    """False if any float layer holds NaN or inf (a diverged model)."""
+    return all(torch.isfinite(t).all().item() for t in state.values() if is_float_layer(t))
+
+
+def layer_norms(state: StateLike) -> dict[str, float]:
+    """L2 norm of every float layer, for diagnostics and tests."""
+    return {n: float(t.norm()) for n, t in state.items() if is_float_layer(t)}

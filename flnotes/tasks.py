@@ -1,0 +1,175 @@
+"""A Task joins config -> data, partition and model factory: everything a run trains on.
+
+Datasets come from :mod:`flnotes.data` (tensors) or from a module that builds a whole
+task itself (the 2-D toy, LEAF's natural splits). Client data stay as one tensor plus
+per-client index tensors, so training never does per-sample Python work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flnotes.rng import torch_generator
+
+# Datasets whose whole Task is built by a module of their own: name -> module with
+# `build_task(config) -> Task`.
+TASK_MODULES = {"toy": "flnotes.toy"}
+
+
+@dataclass
+class Task:
+    """Client training data, the test set and the model factory of one run."""
+
+    name: str
+    model_factory: Callable[[], nn.Module]
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    client_indices: list[torch.Tensor]  # rows of train_x each client trains on
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    client_test_indices: list[torch.Tensor] | None = None  # each client's held-out rows
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+
+    @property
+    def num_clients(self) -> int:
+        """Number of clients in the federation."""
+        return len(self.client_indices)
+
+    def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (inputs, labels) a client trains on."""
+        idx = self.client_indices[client]
+        return self.train_x[idx], self.train_y[idx]
+
+    def num_samples(self, client: int) -> int:
+        """How many training samples a client holds."""
+        return int(self.client_indices[client].numel())
+
+    @torch.no_grad()
+    def evaluate_on(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+    ) -> dict[str, float]:
+        """Accuracy and mean loss of a model on (x, y), in eval mode."""
+        was_training = model.training
+        model.eval()
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(y), batch_size):
+            out = model(x[start : start + batch_size])
+            target = y[start : start + batch_size]
+            loss_sum += float(self.loss_fn(out, target)) * len(target)
+            correct += int((out.argmax(dim=1) == target).sum())
+        model.train(was_training)
+        n = max(len(y), 1)
+        return {"accuracy": correct / n, "loss": loss_sum / n}
+
+    def evaluate(self, model: nn.Module, batch_size: int = 1000) -> dict[str, float]:
+        """Accuracy and loss on the full test set."""
+        return self.evaluate_on(model, self.test_x, self.test_y, batch_size)
+
+
+def dataset_names() -> list[str]:
+    """Every dataset name a config may use."""
+    from flnotes.data import dataset_names as tensor_datasets
+
+    special = [n for n, mod in TASK_MODULES.items() if importlib.util.find_spec(mod)]
+    return sorted(set(tensor_datasets()) | set(special))
+
+
+def model_names() -> list[str]:
+    """Every model name a config may use (the toy's 2-parameter model included)."""
+    from flnotes.models import model_names as registered
+
+    return sorted(set(registered()) | {"toy"})
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def build_task(config) -> Task:
+    """Load data, split it over clients and bind the model factory, all from a config."""
+    config = config.resolved()
+    if config.dataset in TASK_MODULES:
+        return importlib.import_module(TASK_MODULES[config.dataset]).build_task(config)
+
+    from flnotes.data import load_dataset
+    from flnotes.models import build_model
+    from flnotes.partition import load_manifest, make_partition, save_manifest
+
+    data = load_dataset(
+        config.dataset, data_dir=config.data_dir, download=config.download,
+        seed=config.seed, **config.data_options,
+    )
+    if config.partition == "natural":
+        parts = getattr(data, "client_indices", None)
+        if parts is None:
+            raise ValueError(
+                f"partition='natural' needs a dataset with its own client split "
+                f"(LEAF); {config.dataset!r} has none: use iid, dirichlet or shards"
+            )
+        parts = list(parts)[: config.num_clients]
+        if len(parts) < config.num_clients:
+            raise ValueError(
+                f"{config.dataset!r} has only {len(parts)} natural clients but "
+                f"num_clients={config.num_clients}"
+            )
+    elif config.partition_manifest and Path(config.partition_manifest).exists():
+        parts = load_manifest(config.partition_manifest, data.train_y)
+        if len(parts) != config.num_clients:
+            raise ValueError(
+                f"manifest {config.partition_manifest} has {len(parts)} clients but "
+                f"num_clients={config.num_clients}"
+            )
+    else:
+        parts = make_partition(
+            data.train_y, config.num_clients, config.partition, seed=config.seed,
+            dirichlet_alpha=config.dirichlet_alpha,
+            shards_per_client=config.shards_per_client, min_size=config.min_client_size,
+        )
+        if config.partition_manifest:
+            save_manifest(config.partition_manifest, parts, data.train_y,
+                          meta={"config": config.to_dict()})
+
+    train_parts, test_parts = split_clients(parts, config.client_test_fraction, config.seed)
+    device = resolve_device(config.device)
+    input_shape = tuple(data.train_x.shape[1:])
+
+    def model_factory() -> nn.Module:
+        return build_model(config.model, data.num_classes, input_shape).to(device)
+
+    to = lambda t: t.to(device)  # noqa: E731 - data live on the training device
+    return Task(
+        name=config.dataset,
+        model_factory=model_factory,
+        train_x=to(data.train_x), train_y=to(data.train_y),
+        client_indices=[to(p) for p in train_parts],
+        test_x=to(data.test_x), test_y=to(data.test_y),
+        num_classes=data.num_classes,
+        client_test_indices=[to(p) for p in test_parts] if test_parts else None,
+    )
+
+
+def split_clients(
+    parts: list[torch.Tensor], test_fraction: float, seed: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Hold out a seeded random share of each client's rows as its personal test set."""
+    if not test_fraction:
+        return parts, None
+    train, test = [], []
+    for client, idx in enumerate(parts):
+        perm = idx[torch.randperm(len(idx), generator=torch_generator(seed, "heldout", client))]
+        n_test = max(1, int(round(test_fraction * len(idx))))
+        test.append(perm[:n_test].sort().values)
+        train.append(perm[n_test:].sort().values)
+    return train, test

@@ -1,0 +1,114 @@
+"""Local training of a round's clients.
+
+``train_clients`` is the one entry point the engine calls. The ``loop`` backend is the
+reference: each client in turn, ``torch.optim.SGD`` on its own mini-batches. A faster
+backend must produce the same models from the same seed, so the batch order of every
+client is fixed by :func:`batch_schedule` from (seed, round, client) alone.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.rng import torch_generator
+from flnotes.state import clone_state
+
+
+def batch_schedule(
+    num_samples: int, epochs: int, batch_size: int, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Row indices of every local step: a fresh shuffle per epoch, last batch may be short."""
+    steps = []
+    for _ in range(epochs):
+        perm = torch.randperm(num_samples, generator=generator)
+        steps.extend(perm[s : s + batch_size] for s in range(0, num_samples, batch_size))
+    return steps
+
+
+def client_generator(config, round: int, client: int) -> torch.Generator:
+    """The generator that orders one client's batches in one round."""
+    return torch_generator(config.seed, "batches", round, client)
+
+
+def local_sgd(
+    model: nn.Module,
+    start: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    generator: torch.Generator,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    penalty: Callable[[dict, dict], torch.Tensor | None] | None = None,
+) -> tuple[OrderedDict[str, torch.Tensor], float]:
+    """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss."""
+    model.load_state_dict(start)
+    model.train()
+    params = dict(model.named_parameters())
+    anchor = {n: start[n].detach() for n in params}
+    opt = torch.optim.SGD(params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    losses = []
+    for idx in batch_schedule(len(y), epochs, batch_size, generator):
+        idx = idx.to(x.device)
+        loss = loss_fn(model(x[idx]), y[idx])
+        total = loss
+        if penalty is not None:
+            extra = penalty(params, anchor)
+            if extra is not None:
+                total = loss + extra
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+        losses.append(loss.detach())
+    mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    return clone_state(model.state_dict()), mean_loss
+
+
+def train_clients_loop(
+    task, strategy: Strategy, round: int, clients: list[int], starts: list, config
+) -> list[ClientResult]:
+    """Reference backend: train the sampled clients one after another."""
+    model = task.model_factory()
+    penalty = strategy.local_penalty if strategy.has_penalty else None
+    results = []
+    for client, start in zip(clients, starts):
+        generator = client_generator(config, round, client)
+        if strategy.custom_local_update:
+            results.append(strategy.local_update(task, client, start, generator))
+            continue
+        x, y = task.client_data(client)
+        state, loss = local_sgd(
+            model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
+            lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+            generator=generator, loss_fn=task.loss_fn, penalty=penalty,
+        )
+        results.append(ClientResult(client, state, len(y), loss))
+    return results
+
+
+def resolve_backend(config) -> str:
+    """'auto' -> the fastest backend available for this config (the loop for now)."""
+    return "loop" if config.backend == "auto" else config.backend
+
+
+def train_clients(
+    task, strategy: Strategy, round: int, clients: list[int], starts: list, config
+) -> list[ClientResult]:
+    """Train every sampled client from its start state with the configured backend."""
+    backend = resolve_backend(config)
+    if backend == "loop":
+        return train_clients_loop(task, strategy, round, clients, starts, config)
+    if backend == "vmap":
+        from flnotes.train_vmap import train_clients_vmap
+
+        return train_clients_vmap(task, strategy, round, clients, starts, config)
+    raise ValueError(f"unknown backend {backend!r}; choose loop or vmap")

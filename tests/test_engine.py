@@ -1,0 +1,201 @@
+"""The engine against references: plain SGD, autograd, an uninterrupted run, itself twice."""
+
+import json
+
+import torch
+
+from flnotes.algorithms import build_strategy
+from flnotes.algorithms.fedprox import proximal_term
+from flnotes.config import RunConfig
+from flnotes.rng import torch_generator
+from flnotes.sim import initial_state, run, sample_clients
+from flnotes.state import states_allclose
+from flnotes.tasks import build_task
+from flnotes.train import client_generator
+
+
+def test_fedavg_with_one_client_equals_plain_minibatch_sgd(tiny_config):
+    config = tiny_config.replace(num_clients=1, clients_per_round=1, partition="iid",
+                                 rounds=1, local_epochs=3, weight_decay=1e-3, min_client_size=1)
+    task = build_task(config)
+    start = initial_state(config.resolved(), task)
+    history = run(config, progress=False, task=task)
+
+    # Reference: torch SGD over the client's data with a hand-written epoch loop.
+    model = task.model_factory()
+    model.load_state_dict(start)
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                          weight_decay=config.weight_decay)
+    x, y = task.client_data(0)
+    assert len(y) == len(task.train_y)  # one client holds all the data
+    g = client_generator(config, 1, 0)
+    for _ in range(config.local_epochs):
+        perm = torch.randperm(len(y), generator=g)
+        for s in range(0, len(y), config.batch_size):
+            idx = perm[s : s + config.batch_size]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+    assert states_allclose(history.final_state, model.state_dict(), rtol=0, atol=0)
+
+
+def test_fedprox_mu_zero_equals_fedavg(tiny_config):
+    a = run(tiny_config.replace(algorithm="fedavg"), progress=False)
+    b = run(tiny_config.replace(algorithm="fedprox", mu=0.0), progress=False)
+    assert states_allclose(a.final_state, b.final_state, rtol=0, atol=0)
+    assert a.metric("accuracy") == b.metric("accuracy")
+
+
+def test_fedprox_penalty_changes_result_and_gradient_matches_autograd(tiny_config):
+    a = run(tiny_config.replace(algorithm="fedavg"), progress=False)
+    b = run(tiny_config.replace(algorithm="fedprox", mu=1.0), progress=False)
+    assert not states_allclose(a.final_state, b.final_state)
+
+    g = torch_generator(0, "test")
+    w = torch.randn(5, 3, generator=g, requires_grad=True)
+    anchor = torch.randn(5, 3, generator=g)
+    mu = 0.7
+    (grad,) = torch.autograd.grad(proximal_term({"w": w}, {"w": anchor}, mu), w)
+    assert torch.allclose(grad, mu * (w - anchor).detach())  # d/dw mu/2||w-a||^2
+
+
+def test_fedavg_weights_by_samples_and_uniform_option(tiny_config):
+    config = tiny_config.resolved()
+    task = build_task(config)
+    start = initial_state(config, task)
+    strategy = build_strategy(config, start)
+    from flnotes.algorithms.base import ClientResult
+
+    s1 = {k: torch.zeros_like(v) for k, v in start.items()}
+    s2 = {k: torch.ones_like(v) for k, v in start.items()}
+    results = [ClientResult(0, s1, 30, 0.0), ClientResult(1, s2, 10, 0.0)]
+    weighted = strategy.aggregate(1, results)
+    name = next(iter(start))
+    assert torch.allclose(weighted[name], torch.full_like(start[name], 0.25))
+    uniform = build_strategy(config.replace(weighting="uniform"), start).aggregate(1, results)
+    assert torch.allclose(uniform[name], torch.full_like(start[name], 0.5))
+
+
+def test_same_config_same_metrics(tiny_config):
+    a = run(tiny_config, progress=False)
+    b = run(tiny_config, progress=False)
+    assert [r["accuracy"] for r in a.rows] == [r["accuracy"] for r in b.rows]
+    assert [r["train_loss"] for r in a.rows] == [r["train_loss"] for r in b.rows]
+
+
+def test_client_sampling_is_seeded_and_without_replacement(tiny_config):
+    config = tiny_config.replace(num_clients=6, clients_per_round=4)
+    rounds = [sample_clients(config, r) for r in range(1, 20)]
+    assert all(len(set(c)) == 4 and all(0 <= i < 6 for i in c) for c in rounds)
+    assert len({tuple(c) for c in rounds}) > 1
+    assert rounds == [sample_clients(config, r) for r in range(1, 20)]
+
+
+def test_resume_after_interruption_gives_same_final_state(tiny_config, tmp_path):
+    config = tiny_config.replace(rounds=5, checkpoint_every=2)
+    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
+
+    # Stop after round 3 (checkpoint at 2), then resume with the full round count.
+    part_dir = str(tmp_path / "part")
+    run(config.replace(rounds=3, run_dir=part_dir), progress=False)
+    resumed = run(config.replace(run_dir=part_dir), progress=False)
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert [r["accuracy"] for r in full.rows] == [r["accuracy"] for r in resumed.rows]
+    lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2, 3, 4, 5]
+
+
+def test_resume_after_crash_recomputes_rounds_after_the_checkpoint(
+    tiny_config, tmp_path, monkeypatch
+):
+    """Killed in round 4 with a checkpoint at round 2: rounds 3-4 are redone identically."""
+    import flnotes.sim as sim
+
+    config = tiny_config.replace(rounds=5, checkpoint_every=2)
+    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
+
+    real_train = sim.train_clients
+
+    def crash_in_round_4(task, strategy, rnd, *args):
+        if rnd == 4:
+            raise KeyboardInterrupt("simulated kill")
+        return real_train(task, strategy, rnd, *args)
+
+    monkeypatch.setattr(sim, "train_clients", crash_in_round_4)
+    folder = tmp_path / "killed"
+    try:
+        run(config.replace(run_dir=str(folder)), progress=False)
+    except KeyboardInterrupt:
+        pass
+    assert len((folder / "metrics.jsonl").read_text().splitlines()) == 3  # rounds 1-3 logged
+    monkeypatch.setattr(sim, "train_clients", real_train)
+    resumed = run(config.replace(run_dir=str(folder)), progress=False)
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4, 5]
+
+
+def test_finished_run_folder_is_reloaded_not_rerun(tiny_config, tmp_path):
+    config = tiny_config.replace(run_dir=str(tmp_path / "r"))
+    first = run(config, progress=False)
+    again = run(config, progress=False)
+    assert again.rows == first.rows and again.status == "completed"
+    with_other_lr = config.replace(lr=0.2)
+    try:
+        run(with_other_lr, progress=False)
+    except ValueError as err:
+        assert "lr" in str(err) and "different run" in str(err)
+    else:
+        raise AssertionError("a folder holding another config must be refused")
+
+
+def test_divergence_is_a_status_not_a_crash(tiny_config):
+    history = run(tiny_config.replace(lr=1e6, momentum=0.0, rounds=5), progress=False)
+    assert history.status == "diverged"
+    assert len(history.rows) <= 5
+
+
+def test_run_folder_contents(tiny_config, tmp_path):
+    run(tiny_config.replace(run_dir=str(tmp_path / "r")), progress=False)
+    folder = tmp_path / "r"
+    for name in ("config.json", "metrics.jsonl", "run.json", "checkpoint.pt", "global_model.pt"):
+        assert (folder / name).exists(), name
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "completed" and meta["environment"]["torch"] == torch.__version__
+    state = torch.load(folder / "global_model.pt", weights_only=True)
+    assert set(state) == set(initial_state(tiny_config.resolved(), build_task(tiny_config)))
+
+
+def test_record_states_keeps_trajectory(tiny_config):
+    history = run(tiny_config.replace(record_states=True), progress=False)
+    assert len(history.trajectory) == tiny_config.rounds
+    step = history.trajectory[0]
+    assert len(step["dispatched"]) == len(step["local"]) == tiny_config.clients_per_round
+
+
+def test_cli_run_prints_rounds(tmp_path, capsys):
+    from flnotes.__main__ import main
+
+    code = main(["run", "--algorithm", "fedprox", "--mu", "0.1", "--rounds", "2",
+                 "--num-clients", "4", "--clients-per-round", "2",
+                 "--data-option", "num_train=400", "--data-option", "num_test=100",
+                 "--run-dir", str(tmp_path / "cli")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "round    2" in out and (tmp_path / "cli" / "learning_curve.png").exists()
+    assert json.loads((tmp_path / "cli" / "config.json").read_text())["mu"] == 0.1
+
+
+def test_cli_bad_value_exits_with_message(capsys):
+    from flnotes.__main__ import main
+
+    assert main(["run", "--lr", "-1"]) == 2
+    assert "lr" in capsys.readouterr().err
+
+
+def test_config_rejects_unknown_field_via_preset():
+    try:
+        RunConfig.from_preset("demo", not_a_field=1)
+    except ValueError as err:
+        assert "not_a_field" in str(err)
+    else:
+        raise AssertionError
