@@ -71,8 +71,8 @@ def run(config, *, progress: bool = True, task=None) -> History:
         starts = strategy.dispatch(rnd, clients)
         results = train_clients(task, strategy, rnd, clients, starts, config)
         new_global = strategy.aggregate(rnd, results)
-        weights = [r.num_samples for r in results]
-        train_loss = sum(r.train_loss * w for r, w in zip(results, weights)) / sum(weights)
+        samples = sum(r.num_samples for r in results)
+        train_loss = sum(r.train_loss * r.num_samples for r in results) / samples
         row = {"round": rnd, "train_loss": train_loss}
         if not math.isfinite(train_loss) or not state_is_finite(new_global):
             history.status = "diverged"

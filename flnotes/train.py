@@ -80,7 +80,7 @@ def train_clients_loop(
     model = task.model_factory()
     penalty = strategy.local_penalty if strategy.has_penalty else None
     results = []
-    for client, start in zip(clients, starts):
+    for client, start in zip(clients, starts, strict=True):
         generator = client_generator(config, round, client)
         if strategy.custom_local_update:
             results.append(strategy.local_update(task, client, start, generator))

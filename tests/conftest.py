@@ -1,8 +1,13 @@
 """Shared fixtures: a tiny synthetic federation that trains in a fraction of a second."""
 
 import pytest
+import torch
 
 from flnotes.config import RunConfig
+
+# The models in tests are tiny: one thread is faster than two fighting over two cores,
+# and it keeps CPU results independent of the machine's core count.
+torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from flnotes.algorithms.base import ClientResult, Strategy
 

@@ -1,0 +1,129 @@
+"""FedMR (Hu et al., KDD 2024): layer-wise recombination of local models instead of averaging.
+
+The server keeps the K local models of the last round. Each float layer (one ``state_dict``
+tensor) is shuffled across the K models with its own random permutation, so every layer of
+every local model is used by exactly one recombined model (FedMR Sec. 4.2.2); recombined
+model i starts local training on the i-th sampled client of the next round (Alg. 1 l.5).
+
+Decisions where the paper leaves room (see also DESIGN.md):
+
+- Two-stage training (Sec. 4.3): rounds ``<= stage1_rounds`` are uniform FedAvg. The first
+  recombination round, ``stage1_rounds + 1``, recombines the local models trained in round
+  ``stage1_rounds``; with ``stage1_rounds = 0`` round 1 still dispatches the initial model
+  to every client, which is Alg. 1 l.1 (K copies of the initial model).
+- Assignment: ``sim.sample_clients`` returns the round's clients sorted, and recombined model
+  i goes to the i-th of them. The paper pairs the i-th list entry with the i-th randomly
+  selected client; because every layer's permutation is uniformly random, which client gets
+  which recombined model is uniformly random either way.
+- FedMR-p (Sec. 5.4.2): the float layers, in state order, are cut into p consecutive segments
+  (layer j of L, counted from 0, is in segment floor(j * p / L), so sizes differ by at most
+  one); all layers of a segment share one permutation. p = 1 moves whole models; p = 0 (the
+  default) is per-layer FedMR. p must not exceed the number of float layers.
+- BatchNorm running statistics are float layers, so they are shuffled like any other layer.
+  Integer buffers (``num_batches_tracked``) are copied from the first local model, as for
+  every method (DESIGN.md), and do not count as layers for the segments.
+- The reported global model (evaluated each round) is the mean of the round's local models
+  (Sec. 5.3, Fig. 9: "an aggregated version of all the local models"); uniform by default
+  (App. A.1: "all the models have the same weight"). Clients never train from it in stage 2.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.rng import torch_generator
+from flnotes.state import StateLike, float_layer_names
+
+
+def layer_segments(num_layers: int, segments: int) -> list[int]:
+    """Segment index of each of ``num_layers`` layers (0 segments: one per layer)."""
+    if segments == 0:
+        return list(range(num_layers))
+    if not 1 <= segments <= num_layers:
+        raise ValueError(
+            f"FedMR segments={segments} is invalid for a model with {num_layers} float "
+            f"layers: use 0 (per layer) or 1..{num_layers}"
+        )
+    # Consecutive groups whose sizes differ by at most one (FedMR Sec. 5.4.2).
+    return [j * segments // num_layers for j in range(num_layers)]
+
+
+def recombination_sources(
+    num_models: int, num_layers: int, segments: int, generator: torch.Generator
+) -> torch.Tensor:
+    """(num_layers, num_models) tensor: row l says which local model feeds each new model."""
+    segment_of = layer_segments(num_layers, segments)
+    num_segments = max(segment_of) + 1 if segment_of else 0
+    # One uniformly random permutation per segment, drawn in segment order.
+    perms = [torch.randperm(num_models, generator=generator) for _ in range(num_segments)]
+    if not perms:
+        return torch.empty(0, num_models, dtype=torch.long)
+    return torch.stack([perms[s] for s in segment_of])
+
+
+def recombine(
+    states: Sequence[StateLike], segments: int, generator: torch.Generator
+) -> list[OrderedDict[str, torch.Tensor]]:
+    """Shuffle every float layer (or segment of layers) across the states; each used once."""
+    if not states:
+        raise ValueError("recombine needs at least one state")
+    names = float_layer_names(states[0])
+    sources = recombination_sources(len(states), len(names), segments, generator)
+    source_of = {name: sources[j].tolist() for j, name in enumerate(names)}
+    models: list[OrderedDict[str, torch.Tensor]] = [OrderedDict() for _ in states]
+    for name, first in states[0].items():
+        for i, model in enumerate(models):
+            # Integer buffers are never shuffled: they come from the first state (DESIGN.md).
+            model[name] = states[source_of[name][i]][name] if name in source_of else first
+    return models
+
+
+class FedMR(Strategy):
+    """Federated Model Recombination, with two-stage training and the FedMR-p variant."""
+
+    name = "fedmr"
+    default_weighting = "uniform"
+
+    def __init__(self, config, global_state) -> None:
+        super().__init__(config, global_state)
+        # Fail at construction, not mid-run, when segments does not fit the model.
+        layer_segments(len(float_layer_names(self.global_state)), self.config.segments)
+        self.local_states: list[OrderedDict[str, torch.Tensor]] = []
+
+    def recombining(self, round: int) -> bool:
+        """True when this round dispatches recombined models (stage 2 with kept models)."""
+        return round > self.config.stage1_rounds and bool(self.local_states)
+
+    def dispatch(self, round: int, clients: list[int]) -> list[OrderedDict[str, torch.Tensor]]:
+        """Stage 1: the global model to all; stage 2: last round's models, recombined."""
+        if not self.recombining(round):
+            return [self.global_state for _ in clients]
+        if len(clients) != len(self.local_states):
+            raise ValueError(
+                f"FedMR keeps {len(self.local_states)} local models but round {round} "
+                f"samples {len(clients)} clients; clients_per_round must stay fixed"
+            )
+        generator = torch_generator(self.config.seed, round, "recombine")
+        return recombine(self.local_states, self.config.segments, generator)
+
+    def aggregate(self, round: int, results: list[ClientResult]) -> OrderedDict[str, torch.Tensor]:
+        """Keep the K local models for the next dispatch; report their mean as the global."""
+        # The engine hands over fresh tensors and never changes them in place, so keeping
+        # references (not copies) is safe and saves K model copies.
+        self.local_states = [OrderedDict(r.state) for r in results]
+        self.global_state = self.average(results)
+        return self.global_state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Global model and the kept local models, so a resumed run recombines the same."""
+        return {"global_state": self.global_state, "local_states": list(self.local_states)}
+
+    def load_state_dict(self, values: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        super().load_state_dict(values)
+        self.local_states = [OrderedDict(s) for s in values.get("local_states", [])]

@@ -1,0 +1,202 @@
+"""FedMR against its invariants: recombination is a per-layer permutation, stage 1 is FedAvg."""
+
+import itertools
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from flnotes.algorithms.base import ClientResult
+from flnotes.algorithms.fedmr import FedMR, layer_segments, recombine
+from flnotes.config import RunConfig
+from flnotes.rng import torch_generator
+from flnotes.sim import run
+from flnotes.state import states_allclose, weighted_mean
+
+
+def random_states(num_models, shapes, seed=0, with_counter=True):
+    """K states with distinct random float layers (and an integer buffer that differs)."""
+    g = torch_generator(seed, "test-states")
+    states = []
+    for k in range(num_models):
+        state = OrderedDict(
+            (f"layer{j}", torch.randn(shape, generator=g)) for j, shape in enumerate(shapes)
+        )
+        if with_counter:
+            state["bn.num_batches_tracked"] = torch.tensor(100 + k)
+        states.append(state)
+    return states
+
+
+def strategy_with_locals(states, **config_changes):
+    """A FedMR strategy that has just aggregated ``states`` as round 1's local models."""
+    config = RunConfig(
+        algorithm="fedmr", num_clients=len(states), clients_per_round=len(states), **config_changes
+    )
+    strategy = FedMR(config, states[0])
+    strategy.aggregate(1, [ClientResult(k, s, 10 * (k + 1), 0.0) for k, s in enumerate(states)])
+    return strategy
+
+
+def sources(dispatched, local, name):
+    """For each dispatched model, the index of the local model its layer ``name`` came from."""
+    found = []
+    for model in dispatched:
+        matches = [k for k, s in enumerate(local) if torch.equal(model[name], s[name])]
+        assert len(matches) == 1, f"layer {name} matches local models {matches}"
+        found.append(matches[0])
+    return tuple(found)
+
+
+def float_names(state):
+    return [n for n, t in state.items() if t.is_floating_point()]
+
+
+def test_every_layer_is_a_permutation_of_the_local_layers():
+    local = random_states(5, [(3, 4), (4,), (2, 2, 3), ()] * 3)
+    strategy = strategy_with_locals(local)
+    dispatched = strategy.dispatch(2, list(range(5)))
+    assert len(dispatched) == 5
+    for model in dispatched:
+        assert list(model) == list(local[0])  # same layers in the same order
+        # Integer buffers are not shuffled: they come from the first local model.
+        assert torch.equal(model["bn.num_batches_tracked"], local[0]["bn.num_batches_tracked"])
+    for name in float_names(local[0]):
+        # Each local layer is used by exactly one dispatched model.
+        assert sorted(sources(dispatched, local, name)) == list(range(5))
+
+
+def test_layer_permutations_are_independent_and_uniform():
+    local = random_states(4, [(2,)] * 20, with_counter=False)
+    strategy = strategy_with_locals(local)
+    names = float_names(local[0])
+    perms = [sources(strategy.dispatch(2, list(range(4))), local, n) for n in names]
+    assert len(set(perms)) > 1  # not one shared permutation for the whole model
+
+    # Over many rounds, model 0's first and last layers come from the same local model
+    # about 1/K of the time (always, if the layers shared a permutation), and every local
+    # model feeds model 0's first layer about equally often.
+    rounds = range(2, 402)
+    same, counts = 0, [0] * 4
+    for rnd in rounds:
+        out = strategy.dispatch(rnd, list(range(4)))
+        first, last = sources(out, local, names[0]), sources(out, local, names[-1])
+        same += first[0] == last[0]
+        counts[first[0]] += 1
+    assert 60 <= same <= 140  # binomial(400, 1/4): mean 100, sd 8.7
+    assert all(60 <= c <= 140 for c in counts)
+
+
+def test_one_segment_dispatches_whole_local_models():
+    local = random_states(6, [(3,), (2, 2), (5,), ()], with_counter=False)
+    strategy = strategy_with_locals(local, segments=1)
+    for rnd in (2, 3, 4):
+        dispatched = strategy.dispatch(rnd, list(range(6)))
+        used = []
+        for model in dispatched:
+            matches = [k for k, s in enumerate(local) if states_allclose(model, s, 0, 0)]
+            assert len(matches) == 1  # the dispatched model is one local model entirely
+            used.extend(matches)
+        assert sorted(used) == list(range(6))
+
+
+def test_segments_group_consecutive_layers():
+    local = random_states(6, [(2,)] * 10, with_counter=False)
+    names = float_names(local[0])
+    strategy = strategy_with_locals(local, segments=3)
+    # floor(j * 3 / 10): layers 0-3, 4-6 and 7-9.
+    assert layer_segments(10, 3) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for rnd in (2, 3):
+        dispatched = strategy.dispatch(rnd, list(range(6)))
+        perms = [sources(dispatched, local, n) for n in names]
+        blocks = [len(list(group)) for _, group in itertools.groupby(perms)]
+        assert blocks == [4, 3, 3]
+        for perm in perms:
+            assert sorted(perm) == list(range(6))
+    # p equal to the number of layers is per-layer FedMR; more segments than layers is an error.
+    assert layer_segments(10, 10) == layer_segments(10, 0) == list(range(10))
+    with pytest.raises(ValueError, match="segments"):
+        strategy_with_locals(local, segments=11)
+
+
+def test_recombine_is_a_pure_function_of_the_generator():
+    local = random_states(3, [(2,), (3,)])
+    a = recombine(local, 0, torch_generator(5, "x"))
+    b = recombine(local, 0, torch_generator(5, "x"))
+    assert all(states_allclose(x, y, 0, 0) for x, y in zip(a, b, strict=True))
+
+
+def test_stage1_equals_uniform_fedavg(tiny_config):
+    fedmr = run(
+        tiny_config.replace(algorithm="fedmr", stage1_rounds=tiny_config.rounds), progress=False
+    )
+    fedavg = run(tiny_config.replace(algorithm="fedavg", weighting="uniform"), progress=False)
+    assert states_allclose(fedmr.final_state, fedavg.final_state, rtol=0, atol=0)
+    assert fedmr.metric("accuracy") == fedavg.metric("accuracy")
+
+
+def test_global_is_uniform_mean_and_stage2_recombines_last_locals(tiny_config):
+    config = tiny_config.replace(algorithm="fedmr", stage1_rounds=1, rounds=3, record_states=True)
+    history = run(config, progress=False)
+    steps = history.trajectory
+    k = config.clients_per_round
+    for step in steps:
+        # Reported global: the uniform mean of the round's local models.
+        expected = weighted_mean(step["local"], [1.0] * k)
+        assert states_allclose(step["global"], expected, rtol=0, atol=0)
+    assert states_allclose(history.final_state, steps[-1]["global"], rtol=0, atol=0)
+    # Round 1 (stage 1) dispatches one model to all.
+    first = steps[0]["dispatched"]
+    assert all(states_allclose(d, first[0], 0, 0) for d in first)
+    # From round 2 (the first of stage 2) on: last round's locals, recombined; never the global.
+    names = float_names(steps[0]["local"][0])
+    for prev, step in zip(steps, steps[1:], strict=False):
+        for name in names:
+            assert sorted(sources(step["dispatched"], prev["local"], name)) == list(range(k))
+        assert not any(states_allclose(d, prev["global"]) for d in step["dispatched"])
+
+
+def test_checkpoint_round_trip_continues_identically(tiny_config, tmp_path):
+    # Rounds 1-2 then 3 (which recombines round 2's kept models) against rounds 1-3.
+    config = tiny_config.replace(algorithm="fedmr", rounds=3, checkpoint_every=1)
+    straight = run(config, progress=False)
+    run(config.replace(rounds=2, run_dir=str(tmp_path / "run")), progress=False)
+    resumed = run(config.replace(run_dir=str(tmp_path / "run")), progress=False)
+    assert states_allclose(resumed.final_state, straight.final_state, rtol=0, atol=0)
+    assert resumed.metric("accuracy") == straight.metric("accuracy")
+
+    # The checkpoint holds the kept local models and loads with weights_only=True.
+    local = random_states(3, [(2, 3), ()])
+    strategy = strategy_with_locals(local)
+    torch.save(strategy.state_dict(), tmp_path / "s.pt")
+    restored = FedMR(strategy.config, local[1])
+    restored.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
+    a, b = strategy.dispatch(7, [0, 1, 2]), restored.dispatch(7, [0, 1, 2])
+    assert all(states_allclose(x, y, 0, 0) for x, y in zip(a, b, strict=True))
+    assert states_allclose(restored.global_state, strategy.global_state, 0, 0)
+
+
+def test_two_layer_zero_dim_toy_state():
+    init = OrderedDict(x=torch.tensor(1.0), y=torch.tensor(2.0))
+    local = [
+        OrderedDict(x=torch.tensor(float(10 + k)), y=torch.tensor(float(20 + k))) for k in range(3)
+    ]
+    config = RunConfig(algorithm="fedmr", num_clients=3, clients_per_round=3)
+    strategy = FedMR(config, init)
+    assert strategy.dispatch(1, [0, 1, 2])[0] is strategy.global_state  # round 1: global
+    strategy.aggregate(1, [ClientResult(k, s, 1, 0.0) for k, s in enumerate(local)])
+    assert torch.allclose(strategy.global_state["x"], torch.tensor(11.0))
+    assert torch.allclose(strategy.global_state["y"], torch.tensor(21.0))
+    pairs = set()
+    for rnd in range(2, 30):
+        out = strategy.dispatch(rnd, [0, 1, 2])
+        assert sorted(float(m["x"]) for m in out) == [10.0, 11.0, 12.0]
+        assert sorted(float(m["y"]) for m in out) == [20.0, 21.0, 22.0]
+        pairs |= {(float(m["x"]), float(m["y"]) - 10) for m in out}
+    assert any(x != y for x, y in pairs)  # x and y are shuffled independently
+    whole = FedMR(config.replace(segments=1), init)
+    whole.aggregate(1, [ClientResult(k, s, 1, 0.0) for k, s in enumerate(local)])
+    for m in whole.dispatch(2, [0, 1, 2]):
+        assert float(m["y"]) - float(m["x"]) == 10.0  # whole models move together
+    with pytest.raises(ValueError, match="segments"):
+        FedMR(config.replace(segments=3), init)
