@@ -1,0 +1,38 @@
+"""FedQP (Weng et al., SEKE 2024): FedMut's mutants, some layers projected toward g.
+
+For each mutant and each float layer, with probability p = ``config.qp_prob``, the
+layer's mutation m = mutant - w_glb is replaced by the nearest point of the half-space
+{<m, g_layer> >= 0} (the QP of eq. 2-3, solved in closed form through eq. 4-5; see
+:func:`flnotes.algorithms.mutation.project_halfspace`). On a sign mutant this keeps the
++1 layers and sets the (-1 + beta) layers back to the global model, so the mutants
+gather on the side the global model is moving to (the paper's "fan").
+
+Where we depart from the paper's text:
+
+- Alg. 1 l.15 draws "a random mutation of L" without saying which; we use FedMut's
+  balanced sign mutation (or the 'gaussian' option), so p = 0 is exactly FedMut, as the
+  paper's ablation says (Sec. IV-C).
+- Alg. 1 l.19 writes w_j^qp <- w_l^j + mut~ (a local model); the text (Step 7, and the
+  description of l.19) adds the mutation to the global model, which is what we do.
+- The probability draws use their own generator (seed, 'qp', round), so they never shift
+  the sign shuffles: same seed and p = 0 give FedMut's models bit for bit.
+"""
+
+from __future__ import annotations
+
+from flnotes.algorithms.fedmut import FedMut, StateDict
+from flnotes.algorithms.mutation import project_mutants
+from flnotes.rng import torch_generator
+
+
+class FedQP(FedMut):
+    """FedMut whose mutated layers are, with probability p, projected onto <m, g> >= 0."""
+
+    name = "fedqp"
+
+    def mutants(self, round: int, num_models: int, update: StateDict) -> list[StateDict]:
+        """FedMut's mutants, then QPMut on each (mutant, layer) with probability p (Alg. 1)."""
+        mutants = super().mutants(round, num_models, update)
+        generator = torch_generator(self.config.seed, "qp", round)
+        return project_mutants(self.global_state, mutants, update, self.config.qp_prob,
+                               generator)
