@@ -8,13 +8,13 @@ from flnotes.config import RunConfig
 
 
 def main_job(out: Path, skip_notebooks: bool = False) -> int:
-    """Run the demo preset with FedAvg and FedProx, print accuracies, save a PNG."""
+    """Run the demo preset with FedAvg and FedMut, print accuracies, save a PNG."""
     from flnotes.plots import plot_learning_curves
     from flnotes.sim import run
 
     out.mkdir(parents=True, exist_ok=True)
     histories = {}
-    for algorithm in ("fedavg", "fedprox"):
+    for algorithm in ("fedavg", "fedmut"):
         config = RunConfig.from_preset("demo", algorithm=algorithm,
                                        run_dir=str(out / "runs" / algorithm))
         print(f"== {algorithm}: {config.num_clients} clients, {config.clients_per_round} "

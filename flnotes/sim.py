@@ -39,8 +39,9 @@ def sample_clients(config, round: int) -> list[int]:
 
 def initial_state(config, task):
     """The round-0 global model, the same for every algorithm given the seed."""
-    torch.manual_seed(derive_seed(config.seed, "init"))
-    return clone_state(task.model_factory().state_dict())
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
+        torch.manual_seed(derive_seed(config.seed, "init"))
+        return clone_state(task.model_factory().state_dict())
 
 
 def run(config, *, progress: bool = True, task=None) -> History:
@@ -73,7 +74,7 @@ def run(config, *, progress: bool = True, task=None) -> History:
         new_global = strategy.aggregate(rnd, results)
         samples = sum(r.num_samples for r in results)
         train_loss = sum(r.train_loss * r.num_samples for r in results) / samples
-        row = {"round": rnd, "train_loss": train_loss}
+        row = {"round": rnd, "train_loss": train_loss, **_mean_extras(results)}
         if not math.isfinite(train_loss) or not state_is_finite(new_global):
             history.status = "diverged"
         elif rnd % config.eval_every == 0 or rnd == config.rounds:
@@ -104,6 +105,17 @@ def run(config, *, progress: bool = True, task=None) -> History:
         _save_checkpoint(run_dir, last, strategy, history)
         _atomic_save(strategy.global_state, run_dir / "global_model.pt")
     return history
+
+
+def _mean_extras(results) -> dict[str, float]:
+    """Sample-weighted mean of numeric per-client extras (e.g. FML's personal_loss)."""
+    names = {k for r in results for k, v in r.extra.items() if isinstance(v, (int, float))}
+    out = {}
+    for name in sorted(names):
+        having = [r for r in results if name in r.extra]
+        total = sum(r.num_samples for r in having)
+        out[name] = sum(float(r.extra[name]) * r.num_samples for r in having) / total
+    return out
 
 
 # ---- run folder --------------------------------------------------------------------

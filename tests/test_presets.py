@@ -1,0 +1,124 @@
+"""Paper presets: valid configs, documented sources, and the values the papers state."""
+
+import re
+
+import pytest
+import torch
+
+from flnotes.algorithms import algorithm_names
+from flnotes.config import RunConfig, field_names
+from flnotes.models import build_model
+from flnotes.presets import describe, preset_names, preset_values
+from flnotes.tasks import dataset_names
+
+# (input shape, number of classes) of each dataset a preset uses, so the preset's model can
+# be built without the data.
+SHAPES = {"cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
+          "femnist": ((1, 28, 28), 62), "fashion-mnist": ((1, 28, 28), 10),
+          "mnist": ((1, 28, 28), 10), "synthetic": ((1, 28, 28), 10)}
+PAPER_PRESETS = ["fedmut-paper", "fedmut-paper-resnet18", "fedmut-official",
+                 "fedmut-official-cifar100", "fedqp-paper", "fedmr-paper",
+                 "fedmr-paper-resnet20", "fml-paper", "fedup-paper", "fedup-paper-cifar100",
+                 "fedup-paper-femnist"]
+
+
+def test_required_presets_exist():
+    assert set(PAPER_PRESETS + ["demo"]) <= set(preset_names())
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_preset_builds_a_valid_config(name):
+    values = preset_values(name)
+    assert set(values) <= set(field_names()), f"{name} sets unknown fields"
+    if values.get("algorithm", "fedavg") not in algorithm_names():
+        pytest.skip(f"{name}: algorithm {values['algorithm']!r} is not registered yet")
+    if values.get("dataset", "synthetic") not in dataset_names():
+        pytest.skip(f"{name}: dataset {values['dataset']!r} has no loader yet")
+    config = RunConfig.from_preset(name).resolved()
+    assert config.clients_per_round <= config.num_clients
+    # The model must fit the dataset: build it for the dataset's shape and run two inputs.
+    shape, classes = SHAPES[config.dataset]
+    if config.data_options.get("coarse"):
+        classes = 20
+    model = build_model(config.model, classes, shape)
+    model.eval()
+    with torch.no_grad():
+        assert model(torch.zeros(2, *shape)).shape == (2, classes)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_preset_docstring_cites_a_source(name):
+    doc = describe(name)
+    assert len(doc) > 40
+    pattern = r"paper|official code|Table|Section|Alg\.|github\.com|from no\s+paper"
+    assert re.search(pattern, doc), f"{name}'s docstring names no source"
+
+
+def test_overrides_apply_and_presets_are_fresh_copies():
+    config = RunConfig.from_preset("fedmut-paper", algorithm="fedprox", rounds=3)
+    assert config.algorithm == "fedprox" and config.rounds == 3 and config.mu == 0.01
+    first = preset_values("fedmut-official-cifar100")
+    first["data_options"]["coarse"] = False
+    assert preset_values("fedmut-official-cifar100")["data_options"] == {"coarse": True}
+
+
+def values(name, *fields):
+    v = preset_values(name)
+    return tuple(v[f] for f in fields)
+
+
+COMMON = ("lr", "momentum", "batch_size", "local_epochs")
+
+
+def test_fedmut_paper_values():
+    # FedMut (AAAI 2024), "Settings": SGD lr 0.01, momentum 0.9, batch 50, 5 local epochs.
+    assert values("fedmut-paper", *COMMON) == (0.01, 0.9, 50, 5)
+    # "Comparison of Accuracy": alpha = 4.0; beta0 = 0.3 (CNN, VGG-16), 0.5 (ResNet-18).
+    assert values("fedmut-paper", "algorithm", "alpha", "beta0") == ("fedmut", 4.0, 0.3)
+    assert values("fedmut-paper-resnet18", "model", "beta0") == ("resnet18", 0.5)
+    # "Baselines": FedProx mu = 0.01.
+    assert preset_values("fedmut-paper")["mu"] == 0.01
+
+
+def test_fedmut_official_values():
+    # Official code (utils/options.py): momentum 0.5, T_b 50; CNNCifar; uniform Aggregation.
+    v = preset_values("fedmut-official")
+    assert (v["momentum"], v["beta_rounds"], v["model"], v["weighting"]) == (
+        0.5, 50, "lenet-cifar", "uniform")
+    assert preset_values("fedmut-official-cifar100")["data_options"] == {"coarse": True}
+
+
+def test_fedqp_paper_values():
+    # FedQP (SEKE 2024) IV-A: lr 0.01, momentum 0.5, batch 50, 5 epochs, 100 devices, 10%.
+    assert values("fedqp-paper", *COMMON) == (0.01, 0.5, 50, 5)
+    assert values("fedqp-paper", "algorithm", "num_clients", "clients_per_round") == (
+        "fedqp", 100, 10)
+
+
+def test_fedmr_paper_values():
+    # FedMR (KDD 2024) 5.1: lr 0.01, momentum 0.9, batch 50, 5 epochs, 100 clients, 10%;
+    # CNN recombined from the start, ResNet-20 after 100 rounds of FedAvg.
+    assert values("fedmr-paper", *COMMON) == (0.01, 0.9, 50, 5)
+    assert values("fedmr-paper", "num_clients", "clients_per_round", "stage1_rounds") == (
+        100, 10, 0)
+    assert values("fedmr-paper-resnet20", "model", "stage1_rounds") == ("resnet20", 100)
+
+
+def test_fml_paper_values():
+    # FML (FITEE 2023): K = 5 clients, all of them every round (Alg. 1), shards, 1/K merge.
+    v = preset_values("fml-paper")
+    assert (v["algorithm"], v["num_clients"], v["clients_per_round"]) == ("fml", 5, 5)
+    assert (v["partition"], v["weighting"]) == ("shards", "uniform")
+    assert v["client_test_fraction"] > 0  # personal accuracy needs held-out data
+
+
+def test_fedup_paper_values():
+    # FedUp (Sci Sin Inform 2024) 6.1.3 and Table 4: 100 clients, 10% sampling, 1 epoch;
+    # CIFAR-10: lr 0.2, batch 32, 1500 rounds; CIFAR-100: lr 0.2, batch 16, 1000 rounds;
+    # FEMNIST: 3400 clients, lr 0.02, batch 20, 1000 rounds. ResNet18 with GroupNorm.
+    fields = ("lr", "batch_size", "local_epochs", "rounds", "num_clients", "clients_per_round")
+    assert values("fedup-paper", *fields) == (0.2, 32, 1, 1500, 100, 10)
+    assert values("fedup-paper-cifar100", *fields) == (0.2, 16, 1, 1000, 100, 10)
+    assert values("fedup-paper-femnist", *fields) == (0.02, 20, 1, 1000, 3400, 340)
+    assert preset_values("fedup-paper")["model"] == "resnet18-gn"
+    assert preset_values("fedup-paper-femnist")["model"] == "femnist-cnn"
