@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p_demo.add_argument("--skip-notebooks", action="store_true", help="only the small run")
     p_demo.set_defaults(func=cmd_demo)
+    from flnotes import sweep as sweep_cli
+    from flnotes import tables as tables_cli
+
+    p_sweep = sub.add_parser("sweep", help="run a YAML grid of notebooks with papermill (sweeps/)")
+    sweep_cli.add_arguments(p_sweep)
+    p_sweep.set_defaults(func=sweep_cli.cmd_sweep)
+    p_tab = sub.add_parser("tables", help="paper tables beside a results folder")
+    tables_cli.add_arguments(p_tab)
+    p_tab.set_defaults(func=tables_cli.cmd_tables)
     p_pre = sub.add_parser("presets", help="list presets or show one")
     p_pre.add_argument("name", nargs="?")
     p_pre.set_defaults(func=cmd_presets)

@@ -303,12 +303,28 @@ def load_idx_dataset(
 
 # ---------------------------------------------------------------- registry
 
+def load_shakespeare(data_dir: Path, download: bool, seed: int, **options) -> TensorData:
+    """LEAF Shakespeare: LEAF's JSON, or built from play texts (see flnotes.leaf)."""
+    from flnotes.leaf import load_shakespeare as load
+
+    return load(data_dir, download, seed, **options)
+
+
+def load_femnist(data_dir: Path, download: bool, seed: int, **options) -> TensorData:
+    """FEMNIST from LEAF's JSON (see flnotes.leaf)."""
+    from flnotes.leaf import load_femnist as load
+
+    return load(data_dir, download, seed, **options)
+
+
 DATASETS: dict[str, Callable[..., TensorData]] = {
     "synthetic": load_synthetic,
     "cifar10": partial(load_cifar, name="cifar10"),
     "cifar100": partial(load_cifar, name="cifar100"),
     "fashion-mnist": partial(load_idx_dataset, name="fashion-mnist"),
     "mnist": partial(load_idx_dataset, name="mnist"),
+    "shakespeare": load_shakespeare,
+    "femnist": load_femnist,
 }
 
 

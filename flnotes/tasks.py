@@ -38,6 +38,9 @@ class Task:
     num_classes: int
     client_test_indices: list[torch.Tensor] | None = None  # each client's held-out rows
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+    # Which tensor client_test_indices index: "train" (rows held out of the client's own
+    # training share) or "test" (a natural split's per-client test rows, e.g. LEAF).
+    client_test_source: str = "train"
 
     @property
     def num_clients(self) -> int:
@@ -47,6 +50,15 @@ class Task:
     def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (inputs, labels) a client trains on."""
         idx = self.client_indices[client]
+        return self.train_x[idx], self.train_y[idx]
+
+    def client_test_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (inputs, labels) a client holds out to test its own (personal) model."""
+        if self.client_test_indices is None:
+            raise ValueError("this task has no per-client test data: set client_test_fraction")
+        idx = self.client_test_indices[client]
+        if self.client_test_source == "test":
+            return self.test_x[idx], self.test_y[idx]
         return self.train_x[idx], self.train_y[idx]
 
     def num_samples(self, client: int) -> int:
@@ -104,7 +116,6 @@ def build_task(config) -> Task:
         return importlib.import_module(TASK_MODULES[config.dataset]).build_task(config)
 
     from flnotes.data import load_dataset
-    from flnotes.models import build_model
     from flnotes.partition import load_manifest, make_partition, save_manifest
 
     data = load_dataset(
@@ -124,6 +135,9 @@ def build_task(config) -> Task:
                 f"{config.dataset!r} has only {len(parts)} natural clients but "
                 f"num_clients={config.num_clients}"
             )
+        natural_tests = getattr(data, "client_test_indices", None)
+        if natural_tests:
+            return _natural_task(config, data, parts, list(natural_tests)[: config.num_clients])
     elif config.partition_manifest and Path(config.partition_manifest).exists():
         parts = load_manifest(config.partition_manifest, data.train_y)
         if len(parts) != config.num_clients:
@@ -142,6 +156,21 @@ def build_task(config) -> Task:
                           meta={"config": config.to_dict()})
 
     train_parts, test_parts = split_clients(parts, config.client_test_fraction, config.seed)
+    return _make_task(config, data, train_parts, data.test_x, data.test_y, test_parts, "train")
+
+
+def _natural_task(config, data, parts: list[torch.Tensor], tests: list[torch.Tensor]) -> Task:
+    """A natural (LEAF) split: the test set is the kept clients' own test rows."""
+    rows = torch.cat(tests)
+    bounds = torch.tensor([0] + [len(t) for t in tests]).cumsum(0).tolist()
+    personal = [torch.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return _make_task(config, data, parts, data.test_x[rows], data.test_y[rows],
+                      personal if config.client_test_fraction else None, "test")
+
+
+def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_source) -> Task:
+    from flnotes.models import build_model
+
     device = resolve_device(config.device)
     input_shape = tuple(data.train_x.shape[1:])
 
@@ -154,9 +183,10 @@ def build_task(config) -> Task:
         model_factory=model_factory,
         train_x=to(data.train_x), train_y=to(data.train_y),
         client_indices=[to(p) for p in train_parts],
-        test_x=to(data.test_x), test_y=to(data.test_y),
+        test_x=to(test_x), test_y=to(test_y),
         num_classes=data.num_classes,
         client_test_indices=[to(p) for p in test_parts] if test_parts else None,
+        client_test_source=test_source,
     )
 
 

@@ -199,3 +199,23 @@ def test_config_rejects_unknown_field_via_preset():
         assert "not_a_field" in str(err)
     else:
         raise AssertionError
+
+
+def test_natural_split_keeps_only_the_chosen_clients_test_rows(tmp_path):
+    """LEAF-style data: the test set and FML's personal tests are the kept clients' rows."""
+    from flnotes.leaf import load_shakespeare, write_demo_plays
+
+    folder = write_demo_plays(tmp_path / "plays", num_roles=4, speeches=16)
+    data = load_shakespeare(folder, False, 0, seq_len=10)
+    config = RunConfig(algorithm="fml", dataset="shakespeare", data_dir=str(folder),
+                       data_options={"seq_len": 10},
+                       partition="natural", num_clients=2, clients_per_round=2, rounds=1,
+                       batch_size=8, lr=0.5, momentum=0.0, min_client_size=1, device="cpu")
+    task = build_task(config)
+    kept = torch.cat([data.client_test_indices[c] for c in range(2)])
+    assert torch.equal(task.test_y, data.test_y[kept])
+    x, y = task.client_test_data(1)
+    assert torch.equal(y, data.test_y[data.client_test_indices[1]])
+    assert torch.equal(x, data.test_x[data.client_test_indices[1]])
+    history = run(config, progress=False, task=task)
+    assert "personal_accuracy" in history.rows[-1]

@@ -149,10 +149,9 @@ class FML(Strategy):
         _, model = self._two_models(task)
         accuracies = []
         for client, state in sorted(self.personal.items()):
-            idx = task.client_test_indices[client]
             model.load_state_dict(state)
-            result = task.evaluate_on(model, task.train_x[idx], task.train_y[idx],
-                                      self.config.eval_batch_size)
+            x, y = task.client_test_data(client)
+            result = task.evaluate_on(model, x, y, self.config.eval_batch_size)
             accuracies.append(result["accuracy"])
         return {"personal_accuracy": sum(accuracies) / len(accuracies),
                 "personal_clients": len(accuracies)}

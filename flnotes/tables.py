@@ -1,0 +1,243 @@
+"""Results -> tables beside the papers' numbers.
+
+Table metric (the papers do not say how they computed their +-): for each run, the mean and
+the population standard deviation of the global test accuracy over its last 10 evaluations;
+then, per table cell, the mean of those means and of those stds over seeds. The final and the
+best accuracy of each run are kept too, averaged the same way. Accuracies are in percent, like
+the papers' tables.
+
+A run is found by its folder (``run.json`` + ``metrics.jsonl``, written by ``flnotes.sim.run``);
+the sweep's ``cell.json`` in a parent folder gives the paper table and the labels of the cell.
+Labels not given there are derived from the run's config (``cifar10`` -> ``CIFAR-10``,
+``dirichlet`` with alpha 0.5 -> ``dir=0.5``, ``fedmut`` -> ``FedMut``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+PAPER_TABLE_DIR = Path(__file__).resolve().parent.parent / "data" / "paper_tables"
+LAST_EVALUATIONS = 10
+KEY = ["dataset", "model", "heterogeneity", "method"]
+
+DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "shakespeare": "Shakespeare",
+                  "femnist": "FEMNIST", "mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
+MODEL_LABELS = {"cnn": "CNN", "resnet18": "ResNet-18", "resnet18-gn": "ResNet18",
+                "resnet20": "ResNet-20", "vgg16": "VGG-16", "lstm": "LSTM", "mlp": "MLP",
+                "lenet5": "LeNet5", "femnist-cnn": "CNN"}
+METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedmut": "FedMut", "fedqp": "FedQP",
+                 "fedmr": "FedMR", "fml": "FML", "fedup": "FedUp"}
+
+
+def run_metrics(accuracies: Sequence[float], last: int = LAST_EVALUATIONS) -> dict[str, float]:
+    """Mean and population std over the last evaluations, plus final and best accuracy."""
+    values = np.asarray(accuracies, dtype=float)
+    if values.size == 0:
+        nan = float("nan")
+        return {"last_mean": nan, "last_std": nan, "final": nan, "best": nan, "evaluations": 0}
+    tail = values[-last:]
+    return {"last_mean": float(tail.mean()), "last_std": float(tail.std()),
+            "final": float(values[-1]), "best": float(values.max()),
+            "evaluations": int(values.size)}
+
+
+def heterogeneity_label(config: dict) -> str:
+    """The paper CSVs' heterogeneity tag of a config: dir=<alpha>, iid, leaf or shards=<p>."""
+    partition = config.get("partition")
+    if partition == "dirichlet":
+        alpha = float(config.get("dirichlet_alpha"))
+        # As printed in the papers: 1.0 and 0.5, but 0.02.
+        return f"dir={alpha:.1f}" if round(alpha, 1) == alpha else f"dir={alpha:g}"
+    if partition == "natural":
+        return "leaf"
+    if partition == "shards":
+        return f"shards={config.get('shards_per_client')}"
+    return str(partition)
+
+
+def derived_labels(config: dict) -> dict[str, str]:
+    """Table key of a run from its config alone."""
+    model = config.get("model")
+    return {"dataset": DATASET_LABELS.get(config.get("dataset"), str(config.get("dataset"))),
+            "model": MODEL_LABELS.get(model, str(model)),
+            "heterogeneity": heterogeneity_label(config),
+            "method": METHOD_LABELS.get(config.get("algorithm"), str(config.get("algorithm")))}
+
+
+def _cell_info(run_dir: Path, root: Path) -> dict:
+    """The sweep's cell.json of the nearest parent folder up to root, if any."""
+    for folder in [run_dir, *run_dir.parents]:
+        cell = folder / "cell.json"
+        if cell.exists():
+            return json.loads(cell.read_text())
+        if folder == root:
+            break
+    return {}
+
+
+def collect_runs(root: str | Path) -> pd.DataFrame:
+    """One row per run folder under root: table key, seed, status and the run metrics."""
+    root = Path(root)
+    rows = []
+    for meta_file in sorted(root.rglob("run.json")):
+        run_dir = meta_file.parent
+        metrics_file = run_dir / "metrics.jsonl"
+        if not metrics_file.exists():
+            continue
+        meta = json.loads(meta_file.read_text())
+        config = meta.get("config", {})
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+        cell = _cell_info(run_dir, root)
+        labels = derived_labels(config)
+        # A cell's labels name the paper's setting; when a cell runs several algorithms, each
+        # run keeps the method of its own algorithm.
+        algorithms = cell.get("parameters", {}).get("algorithms")
+        several = isinstance(algorithms, list) and len(algorithms) > 1
+        labels.update({k: v for k, v in cell.get("labels", {}).items()
+                       if k in KEY and not (k == "method" and several)})
+        acc = run_metrics([100 * r["accuracy"] for r in records if "accuracy" in r])
+        personal = run_metrics([100 * r["personal_accuracy"] for r in records
+                                if "personal_accuracy" in r])
+        seconds = [r["seconds"] for r in records if "seconds" in r]
+        rows.append({"paper_table": cell.get("paper_table"), **labels,
+                     "algorithm": config.get("algorithm"), "seed": config.get("seed"),
+                     "status": meta.get("status"), "rounds": len(records),
+                     "planned_rounds": config.get("rounds"),
+                     **{f"acc_{k}": v for k, v in acc.items()},
+                     "personal_last_mean": personal["last_mean"],
+                     "seconds_per_round": float(np.mean(seconds)) if seconds else float("nan"),
+                     "run_dir": str(run_dir)})
+    columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
+               "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
+               "personal_last_mean", "seconds_per_round", "run_dir"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def aggregate(runs: pd.DataFrame, by: Sequence[str] = ("paper_table", *KEY)) -> pd.DataFrame:
+    """Per table cell: means over seeds of each run's last-10 mean and std, final and best."""
+    by = list(by)
+    runs = runs.copy()
+    runs["paper_table"] = runs["paper_table"].fillna("")
+    runs["completed"] = runs["status"] == "completed"
+    grouped = runs.groupby(by, sort=False, dropna=False)
+    out = grouped.agg(accuracy_mean=("acc_last_mean", "mean"),
+                      accuracy_std=("acc_last_std", "mean"),
+                      seed_std=("acc_last_mean", lambda s: float(np.std(s))),
+                      final_mean=("acc_final", "mean"), best_mean=("acc_best", "mean"),
+                      personal_mean=("personal_last_mean", "mean"),
+                      seeds=("seed", "nunique"), completed=("completed", "sum"),
+                      runs=("seed", "size"),
+                      seconds_per_round=("seconds_per_round", "mean")).reset_index()
+    return out
+
+
+def paper_table_names(folder: Path = PAPER_TABLE_DIR) -> list[str]:
+    """Names (CSV stems) of the paper tables shipped in data/paper_tables."""
+    return sorted(p.stem for p in folder.glob("*.csv"))
+
+
+def load_paper_table(name: str, folder: Path = PAPER_TABLE_DIR) -> pd.DataFrame:
+    """A paper table CSV with numeric accuracy columns (percent)."""
+    path = Path(name) if str(name).endswith(".csv") else folder / f"{name}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"no paper table {path}; known: {paper_table_names(folder)}")
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for column in ("accuracy_mean", "accuracy_std"):
+        table[column] = pd.to_numeric(table[column].replace("", np.nan))
+    return table
+
+
+def compare(paper: pd.DataFrame, ours: pd.DataFrame | None, table: str | None = None
+            ) -> pd.DataFrame:
+    """Paper rows with our aggregated numbers beside them; cells without runs are 'not run'."""
+    out = paper[KEY + ["accuracy_mean", "accuracy_std"]].rename(
+        columns={"accuracy_mean": "paper", "accuracy_std": "paper_std"})
+    empty = pd.DataFrame(columns=KEY + ["ours", "ours_std", "seeds", "runs", "completed"])
+    if ours is not None and len(ours):
+        tag = ours["paper_table"].fillna("") if "paper_table" in ours else pd.Series("", ours.index)
+        # Runs of this table's sweep first, then runs made outside any sweep (table None: all).
+        keep = (tag == table) | (tag == "") if table is not None else tag == tag
+        mine = ours[keep].assign(_own=tag[keep] != (table or ""))
+        mine = mine.sort_values("_own", kind="stable").groupby(KEY, sort=False).first()
+        mine = mine.reset_index().rename(columns={"accuracy_mean": "ours",
+                                                  "accuracy_std": "ours_std"})
+        empty = mine[KEY + ["ours", "ours_std", "seeds", "runs", "completed"]]
+    merged = out.merge(empty, on=KEY, how="left")
+    merged["difference"] = merged["ours"] - merged["paper"]
+    merged["status"] = np.where(merged["ours"].isna(), "not run",
+                                np.where(merged["completed"] < merged["runs"], "partial",
+                                         "done"))
+    return merged
+
+
+def side_by_side(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Wide view: one row per setting, per method 'paper / ours (difference)' or 'not run'."""
+    def cell(row) -> str:
+        paper = "-" if pd.isna(row["paper"]) else f"{row['paper']:.2f}"
+        if row["status"] == "not run":
+            return f"{paper} / not run"
+        mark = "" if row["status"] == "done" else "*"
+        return f"{paper} / {row['ours']:.2f}{mark} ({row['difference']:+.2f})"
+
+    frame = comparison.assign(cell=comparison.apply(cell, axis=1))
+    wide = frame.pivot_table(index=KEY[:3], columns="method", values="cell", aggfunc="first",
+                             sort=False)
+    return wide[list(dict.fromkeys(comparison["method"]))]
+
+
+def plot_comparison(comparison: pd.DataFrame, title: str | None = None):
+    """Our accuracy against the paper's, one point per run cell, with the y = x line."""
+    import matplotlib.pyplot as plt
+
+    done = comparison.dropna(subset=["ours", "paper"])
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    for method, part in done.groupby("method", sort=False):
+        ax.errorbar(part["paper"], part["ours"], yerr=part["ours_std"], fmt="o", ms=4,
+                    label=method, capsize=2)
+    values = pd.concat([done["paper"], done["ours"]]) if len(done) else pd.Series([0, 100])
+    lo, hi = float(values.min()) - 2, float(values.max()) + 2
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+    ax.set_xlabel("paper accuracy (%)")
+    ax.set_ylabel("our accuracy (%), last-10 mean")
+    ax.set_title(title or f"{len(done)} of {len(comparison)} cells run")
+    if len(done):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the ``tables`` subcommand."""
+    parser.add_argument("results", nargs="?", help="folder of run folders (a sweep's output)")
+    parser.add_argument("--table", action="append", help="paper table(s); default: all")
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """Print each paper table with our numbers beside it."""
+    ours = aggregate(collect_runs(args.results)) if args.results else None
+    with pd.option_context("display.width", 200, "display.max_columns", 20,
+                           "display.max_rows", 500):
+        for name in args.table or paper_table_names():
+            result = compare(load_paper_table(name), ours, table=name)
+            done = int((result["status"] != "not run").sum())
+            print(f"== {name}: {done} of {len(result)} cells run")
+            print(side_by_side(result).to_string())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flnotes.tables [RESULTS] [--table NAME]``."""
+    parser = argparse.ArgumentParser(prog="python -m flnotes.tables", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return cmd_tables(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
