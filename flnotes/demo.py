@@ -31,5 +31,6 @@ def main_job(out: Path, skip_notebooks: bool = False) -> int:
     if not skip_notebooks:
         from flnotes.notebooks import run_teaching_notebooks
 
-        run_teaching_notebooks(out / "notebooks")
+        # save_figures: each notebook writes its key figures as PNGs next to its copy.
+        run_teaching_notebooks(out / "notebooks", {"save_figures": True})
     return 0

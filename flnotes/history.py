@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import subprocess
@@ -82,6 +83,7 @@ def environment_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
+@functools.lru_cache(maxsize=1)  # one git call per process, not one per run
 def code_version() -> str:
     """Git commit of the flnotes checkout (with -dirty), or the package version."""
     here = Path(__file__).resolve().parent

@@ -1,0 +1,156 @@
+"""The 2-parameter toy: every registered algorithm runs on it through the real engine."""
+
+import math
+
+import pytest
+import torch
+
+from flnotes import landscapes as L
+from flnotes import toy
+from flnotes.algorithms import algorithm_names
+from flnotes.sim import run
+from flnotes.state import clone_state
+from flnotes.tasks import build_task
+from flnotes.train import local_sgd
+
+
+def _config(algorithm="fedavg", **overrides):
+    values = {"rounds": 3, "num_clients": 3, "clients_per_round": 2, "record_states": True,
+              "data_options": {"start": [-0.4, -0.5]}}
+    values.update(overrides)
+    return toy.toy_config(algorithm, **values)
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_every_algorithm_runs_on_the_toy(algorithm):
+    config = _config(algorithm)
+    history = run(config, progress=False)
+    assert history.status == "completed"
+    assert len(history.rows) == config.rounds
+    for row in history.rows:
+        for key in ("loss", "accuracy", "sharpness", "x", "y", "train_loss"):
+            assert math.isfinite(row[key]), (key, row)
+        assert row["accuracy"] in (0.0, 1.0)
+    points = toy.trajectory_points(history)
+    assert points["global"].shape == (config.rounds + 1, 2)
+    assert points["dispatched"].shape == (config.rounds, 2, 2)
+    assert points["local"].shape == (config.rounds, 2, 2)
+    assert torch.isfinite(points["global"]).all()
+    # Round 1 starts every client at the initial model, the configured start point.
+    assert torch.allclose(points["dispatched"][0], torch.tensor([[-0.4, -0.5]] * 2))
+    assert list(history.final_state) == ["x", "y"]
+    assert toy.point_of(history.final_state) == pytest.approx(points["global"][-1].tolist())
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    a = run(_config("fedmut", seed=3), progress=False)
+    b = run(_config("fedmut", seed=3), progress=False)
+    c = run(_config("fedmut", seed=4), progress=False)
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h.rows]  # noqa: E731
+    assert strip(a) == strip(b)
+    assert torch.equal(toy.trajectory_points(a)["local"], toy.trajectory_points(b)["local"])
+    assert strip(a) != strip(c)
+
+
+def test_minibatch_loss_is_the_landscape_plus_linear_noise():
+    config = _config(data_options={"noise": 0.7, "samples_per_client": 10})
+    task = build_task(config)
+    model = task.model_factory()
+    fed = task.federation
+    p = model.point().detach()
+    for client in range(config.num_clients):
+        x, y = task.client_data(client)
+        out = model(x)
+        assert out.shape == (10, 1)
+        want = fed.client_losses(p.double())[client].float() + x[:, 1:] @ p
+        assert torch.allclose(out[:, 0], want, atol=1e-5)
+        # Noise is centred per client, so the full-batch loss is the landscape exactly.
+        assert task.loss_fn(out, y).item() == pytest.approx(
+            float(fed.client_losses(p.double())[client]), abs=1e-5)
+
+
+def test_local_sgd_is_gradient_descent_on_the_client_landscape():
+    config = _config(data_options={"noise": 0.0, "samples_per_client": 4})
+    task = build_task(config)
+    model = task.model_factory()
+    x, y = task.client_data(1)
+    start = clone_state(model.state_dict())  # the model's own tensors change as it trains
+    state, _ = local_sgd(model, start, x, y, epochs=3, batch_size=4, lr=0.05, momentum=0.0,
+                         weight_decay=0.0, generator=torch.Generator().manual_seed(0),
+                         loss_fn=task.loss_fn)
+    client = lambda p: task.federation.client_losses(p)[..., 1]  # noqa: E731
+    path = L.descend(client, torch.tensor(toy.point_of(start)), steps=3, lr=0.05)
+    assert torch.allclose(torch.tensor(toy.point_of(state), dtype=torch.float64), path,
+                          atol=1e-5)
+
+
+def test_evaluation_reads_the_landscapes():
+    task = build_task(_config(client_test_fraction=0.25))
+    fed = task.federation
+    model = task.model_factory()
+    with torch.no_grad():
+        model.x.copy_(fed.flat_center[0])
+        model.y.copy_(fed.flat_center[1])
+    row = task.evaluate(model)
+    center = fed.flat_center.double()
+    assert row["accuracy"] == 1.0 and row["sharp_basin"] == 0.0
+    assert row["loss"] == pytest.approx(float(fed.global_loss(center)), abs=1e-6)
+    assert row["sharpness"] == pytest.approx(float(L.top_eigenvalue(fed.global_loss, center)),
+                                             rel=1e-4)
+    sharp = fed.clients[0].centers_of("sharp")[0]
+    with torch.no_grad():
+        model.x.copy_(sharp[0])
+        model.y.copy_(sharp[1])
+    row = task.evaluate(model)
+    assert row["accuracy"] == 0.0 and row["sharp_basin"] == 1.0
+    # A client's held-out rows (what FML's personal metric uses) give that client's loss.
+    assert task.client_test_indices is not None
+    for client, idx in enumerate(task.client_test_indices):
+        assert set(idx.tolist()).isdisjoint(task.client_indices[client].tolist())
+        held = task.evaluate_on(model, task.train_x[idx], task.train_y[idx])
+        assert held["loss"] == pytest.approx(float(fed.client_losses(sharp)[client]), abs=1e-5)
+
+
+def test_start_point_and_jitter_come_from_the_config():
+    def start(**overrides):
+        return toy.point_of(build_task(_config(**overrides)).model_factory().state_dict())
+
+    assert start(data_options={"start": [0.5, 0.25]}) == (0.5, 0.25)
+    jitter = {"start": [0.5, 0.25], "start_jitter": 0.3}
+    a, b = start(seed=1, data_options=jitter), start(seed=1, data_options=jitter)
+    assert a == b != (0.5, 0.25)
+    assert a != start(seed=2, data_options=jitter)
+
+
+def test_mutation_points_use_the_strategies_mutations():
+    center, g, alpha = (0.2, -0.1), (0.3, -0.2), 2.0
+    corners = toy.mutation_points(center, g, kind="sign", alpha=alpha, num_models=4)
+    offsets = (corners - torch.tensor(center)) / (alpha * torch.tensor(g))
+    assert torch.allclose(offsets.abs(), torch.ones(4, 2), atol=1e-5)
+    assert torch.allclose(offsets.sum(0), torch.zeros(2), atol=1e-5)  # balanced signs
+    circle = toy.mutation_points(center, g, kind="gaussian", alpha=alpha, layerwise=False,
+                                 num_models=50)
+    radius = alpha * math.hypot(*g)
+    assert torch.allclose((circle - torch.tensor(center)).norm(dim=1),
+                          torch.full((50,), radius), atol=1e-5)
+    fan = toy.mutation_points(center, g, kind="gaussian", alpha=alpha, layerwise=False,
+                              num_models=50, qp_prob=1.0)
+    assert ((fan - torch.tensor(center)) @ torch.tensor(g) >= -1e-6).all()
+
+
+def test_race_rows_and_table():
+    rows = toy.race(["fedavg", "fedmut"], seeds=2, rounds=2)
+    assert [(r["algorithm"], r["seed"]) for r in rows] == [
+        ("fedavg", 0), ("fedavg", 1), ("fedmut", 0), ("fedmut", 1)]
+    again = toy.race(["fedmut"], seeds=[1], rounds=2)
+    assert again[0] == rows[3]
+    table = toy.race_table(rows)
+    assert set(table.index) == {"fedavg", "fedmut"}
+    assert (table["runs"] == 2).all()
+    assert ((table["flat"] + table["sharp"] + table["elsewhere"]) - 1).abs().max() < 1e-12
+
+
+def test_race_in_worker_processes_gives_the_same_rows():
+    serial = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2)
+    parallel = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2, processes=2)
+    assert parallel == serial

@@ -1,0 +1,99 @@
+"""Explorers redraw without a browser; every toy plot function returns a Figure."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from flnotes import plots, toy, widgets  # noqa: E402
+from flnotes.landscapes import make_federation  # noqa: E402
+
+FAST = {  # small settings so each callback is quick
+    "mutation_explorer": {"num_models": 4},
+    "client_explorer": {},
+    "training_explorer": {"rounds": 2},
+    "shift_explorer": {},
+    "race_explorer": {"seeds": 2, "rounds": 2},
+}
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.mark.parametrize("name", list(FAST))
+def test_explorer_callbacks_return_figures(name):
+    explorer = getattr(widgets, name)(**FAST[name])
+    assert isinstance(explorer.refresh(), Figure)
+    # Moving a control redraws (through the observer) with the new value.
+    control, widget = next((n, w) for n, w in explorer.controls.items()
+                           if hasattr(w, "max") and isinstance(w.value, float))
+    drawn = []
+    explorer.draw = lambda **values: drawn.append(values) or Figure()
+    new = (widget.value + widget.max) / 2
+    explorer.set(**{control: new})
+    assert explorer.values()[control] == pytest.approx(new, abs=widget.step)
+    assert drawn and drawn[-1][control] == pytest.approx(new, abs=widget.step)
+
+
+def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj):
+            updates.append(obj)
+
+    def fake_display(obj, display_id=False):
+        shown.append(obj)
+        return Handle() if display_id else None
+
+    monkeypatch.setattr("IPython.display.display", fake_display)
+    explorer = widgets.shift_explorer()
+    explorer._ipython_display_()
+    assert isinstance(shown[0], Figure) and shown[1] is explorer.box  # picture, then sliders
+    explorer.set(test_shift=0.3)
+    assert len(updates) == 1 and isinstance(updates[0], Figure)
+
+
+def test_mutation_drawing_depends_on_p():
+    calls = []
+    original = toy.mutation_points
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["qp_prob"])
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(toy, "mutation_points", spy)
+        widgets.draw_mutations(qp_prob=0.7, num_models=4)
+    assert 0.0 in calls and 0.7 in calls  # FedMut panel (no projection) and FedQP panel
+
+
+def test_plot_functions_return_figures():
+    fed = make_federation("fedmut-fig1")
+    fn = fed.global_loss
+    history, points = toy.run_toy("fedavg", rounds=2)
+    rows = toy.race(["fedavg", "fedprox"], seeds=2, rounds=2)
+    mutants = toy.mutation_points((0.0, 1.0), (0.1, 0.1), num_models=4)
+    figures = [
+        plots.plot_landscape(fn, title="global", num=21),
+        plots.plot_surface(fn, num=11),
+        plots.plot_slices({"a": fn, "b": fed.clients[0]}, (-2.0, -1.0), (2.0, -1.0)),
+        plots.plot_client_landscapes(fed),
+        plots.plot_trajectories(fn, {"fedavg": points}, federation=fed),
+        plots.plot_mutants(fn, (0.0, 1.0), (0.1, 0.1), {"sign": mutants}, {"sign": mutants}),
+        plots.plot_endpoints(fn, rows, federation=fed),
+        plots.plot_race(rows),
+        plots.plot_learning_curves({"fedavg": history}, metric="loss"),
+    ]
+    for fig in figures:
+        assert isinstance(fig, Figure) and fig.axes
+    # The trajectory panel draws the run's global path.
+    lines = [line for line in figures[4].axes[0].lines if line.get_label() == "global model"]
+    assert torch.allclose(torch.tensor(lines[0].get_xydata()), points["global"].double())
