@@ -96,8 +96,12 @@ def train_clients_loop(
 
 
 def resolve_backend(config) -> str:
-    """'auto' -> the fastest backend available for this config (the loop for now)."""
-    return "loop" if config.backend == "auto" else config.backend
+    """'auto' -> vmap on a GPU; loop on a CPU, where vmap is no faster (benchmarks/README.md)."""
+    if config.backend != "auto":
+        return config.backend
+    from flnotes.tasks import resolve_device
+
+    return "vmap" if resolve_device(config.device).type == "cuda" else "loop"
 
 
 def train_clients(
