@@ -63,7 +63,7 @@ def run(config, *, progress: bool = True, task=None) -> History:
             return history
         history.status = "running"
 
-    model = task.model_factory()
+    model = task.working_model()
     bar = tqdm(range(start_round, config.rounds + 1), desc=config.algorithm,
                disable=not progress, initial=start_round - 1, total=config.rounds)
     for rnd in bar:

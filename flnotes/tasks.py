@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +41,13 @@ class Task:
     # Which tensor client_test_indices index: "train" (rows held out of the client's own
     # training share) or "test" (a natural split's per-client test rows, e.g. LEAF).
     client_test_source: str = "train"
+    _working_model: nn.Module | None = field(default=None, init=False, repr=False)
+
+    def working_model(self) -> nn.Module:
+        """One model instance, built once, that training and evaluation load states into."""
+        if self._working_model is None:
+            self._working_model = self.model_factory()
+        return self._working_model
 
     @property
     def num_clients(self) -> int:

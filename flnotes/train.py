@@ -77,7 +77,7 @@ def train_clients_loop(
     task, strategy: Strategy, round: int, clients: list[int], starts: list, config
 ) -> list[ClientResult]:
     """Reference backend: train the sampled clients one after another."""
-    model = task.model_factory()
+    model = task.working_model()  # every client loads its start state into it
     penalty = strategy.local_penalty if strategy.has_penalty else None
     results = []
     for client, start in zip(clients, starts, strict=True):
