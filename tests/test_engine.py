@@ -203,7 +203,8 @@ def test_config_rejects_unknown_field_via_preset():
 
 def test_natural_split_keeps_only_the_chosen_clients_test_rows(tmp_path):
     """LEAF-style data: the test set and FML's personal tests are the kept clients' rows."""
-    from flnotes.leaf import load_shakespeare, write_demo_plays
+    from flnotes.leaf import load_shakespeare
+    from flnotes.plays import write_demo_plays
 
     folder = write_demo_plays(tmp_path / "plays", num_roles=4, speeches=16)
     data = load_shakespeare(folder, False, 0, seq_len=10)
