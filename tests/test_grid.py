@@ -1,0 +1,128 @@
+"""Sweep grids: expansion, presets, validation before anything runs, the shipped grids."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_notebook
+
+from flnotes import grid as grids
+from flnotes import sweep
+
+REPO = Path(__file__).resolve().parent.parent
+GRIDS = sorted((REPO / "sweeps").glob("*.yaml"))
+
+
+def write_notebook(folder: Path, body: str = "pass") -> Path:
+    """A tiny notebook with a parameters cell, like the reproduction notebooks."""
+    params = new_code_cell('x = 1\nlr = 0.1\nfail = False\nextra = {}\nseeds = [0]\n'
+                           'output_dir = None')
+    params.metadata["tags"] = ["parameters"]
+    book = new_notebook(cells=[params, new_code_cell(body)])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    path = folder / "tiny.ipynb"
+    nbformat.write(book, path)
+    return path
+
+
+def write_grid(tmp_path: Path, spec: dict, name: str = "grid.yaml") -> Path:
+    """The grid spec as a YAML file."""
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture
+def notebook(tmp_path) -> Path:
+    """The tiny notebook; grids only read its parameters cell."""
+    return write_notebook(tmp_path)
+
+
+def test_expansion_crosses_axes_bundles_and_seeds(tmp_path, notebook):
+    spec = {"notebook": notebook.name, "paper_table": "fedmut_table1",
+            "labels": {"dataset": "CIFAR-10"}, "fixed": {"lr": 0.5},
+            "grid": {"x": [1, 2, 3],
+                     "heterogeneity": {"dir=0.1": {"lr": 0.2, "labels": {"model": "CNN"}},
+                                       "iid": {"extra": {"partition": "iid"}}}},
+            "seeds": [0, 1],
+            "smoke": {"grid": {"x": [7]}, "seeds": [5]}}
+    grid = grids.load_grid(write_grid(tmp_path, spec))
+    assert len(grid.cells) == 3 * 2 * 2 and grid.paper_table == "fedmut_table1"
+    assert len({c.id for c in grid.cells}) == 12
+    assert [c.seed for c in grid.cells[:6]] == [0] * 6  # seeds outermost
+    by_key = {(c.parameters["x"], c.labels["heterogeneity"], c.seed): c for c in grid.cells}
+    cell = by_key[2, "dir=0.1", 1]
+    assert cell.parameters == {"lr": 0.2, "x": 2, "seeds": [1]}  # bundles win over fixed
+    assert cell.labels == {"dataset": "CIFAR-10", "x": "2", "heterogeneity": "dir=0.1",
+                           "model": "CNN"}
+    assert by_key[3, "iid", 0].parameters == {"lr": 0.5, "x": 3, "extra": {"partition": "iid"},
+                                              "seeds": [0]}
+    smoke = grids.load_grid(write_grid(tmp_path, spec), smoke=True)
+    assert sorted((c.parameters["x"], c.seed) for c in smoke.cells) == [(7, 5), (7, 5)]
+    forced = grids.load_grid(write_grid(tmp_path, spec), overrides={"lr": 9.0})
+    assert {c.parameters["lr"] for c in forced.cells} == {9.0}  # --set wins over everything
+
+
+def test_preset_fields_fill_parameters_and_extra(tmp_path, notebook):
+    from flnotes.presets import preset_values
+
+    spec = {"notebook": str(notebook), "fixed": {"preset": "demo", "x": 4}}
+    (cell,) = grids.load_grid(write_grid(tmp_path, spec)).cells
+    demo = preset_values("demo")
+    assert cell.parameters["lr"] == demo["lr"] and cell.parameters["x"] == 4
+    # Preset fields the notebook has no parameter for go to 'extra'; 'algorithm' is dropped.
+    expected_extra = {k: v for k, v in demo.items() if k not in {"lr", "algorithm"}}
+    assert cell.parameters["extra"] == expected_extra
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"fixed": {"lrr": 1}}, "parameter 'lrr' (in fixed) is not a parameter of tiny.ipynb"),
+    ({"grid": {"y": [1, 2]}}, "parameter 'y' (in grid) is not a parameter"),
+    ({"grid": {"h": {"a": {"zz": 1}}}}, "parameter 'zz' (in grid axis 'h')"),
+    ({"grid": {"x": []}}, "grid axis 'x' must be a non-empty list"),
+    ({"grid": {"h": {}}}, "grid axis 'h' is empty"),
+    ({"grid": {"h": {"a": None}}}, "grid axis 'h', label 'a'"),
+    ({"notebook": "nowhere.ipynb"}, "notebook 'nowhere.ipynb' not found"),
+    ({"seeds": []}, "'seeds' must be a non-empty list of integers"),
+    ({"fixed": {"output_dir": "/x"}}, "'output_dir' (in fixed) is set by the sweep itself"),
+    ({"colour": "red"}, "unknown key 'colour'"),
+    ({"paper_table": "nope"}, "unknown paper_table 'nope'"),
+    ({"fixed": {"preset": "no-such-preset"}}, "no-such-preset"),
+])
+def test_bad_grids_fail_before_anything_runs(tmp_path, notebook, change, message):
+    spec = {"notebook": notebook.name, "grid": {"x": [1, 2]}, "seeds": [0]}
+    spec.update(change)
+    path = write_grid(tmp_path, spec)
+    with pytest.raises(grids.GridError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        grids.load_grid(path)
+    out = tmp_path / "out"
+    assert sweep.main([str(path), "--out", str(out)]) == 2
+    assert not out.exists()  # nothing ran
+
+
+def test_unknown_override_and_missing_smoke_section(tmp_path, notebook):
+    path = write_grid(tmp_path, {"notebook": notebook.name})
+    with pytest.raises(grids.GridError, match="'nope' \\(in --set\\)"):
+        grids.load_grid(path, overrides={"nope": 1})
+    with pytest.raises(grids.GridError, match="no 'smoke' section"):
+        grids.load_grid(path, smoke=True)
+
+
+def test_shipped_grids_are_valid_in_both_variants():
+    assert {g.stem for g in GRIDS} >= {"fedmut_table1", "fedmut_table2", "fedqp_tableI",
+                                       "fedqp_tableII", "fml_table1", "fedup_table4",
+                                       "fedup_table5"}
+    from flnotes.tables import load_paper_table
+
+    for path in GRIDS:
+        paper = grids.load_grid(path)
+        smoke = grids.load_grid(path, smoke=True)
+        assert paper.paper_table == path.stem and len(smoke.cells) <= 6 < len(paper.cells)
+        table = load_paper_table(path.stem)
+        rows = set(zip(table["dataset"], table["model"], table["heterogeneity"], strict=True))
+        for cell in paper.cells + smoke.cells:
+            # Every cell (the smoke ones too) lands on a row of its paper table.
+            key = tuple(cell.labels.get(k) for k in ("dataset", "model", "heterogeneity"))
+            assert key in rows, (path.name, cell.id, key)
