@@ -8,6 +8,11 @@ windows for the LSTM). A round is dispatch + local training + aggregation. Every
     python benchmarks/round_time.py --device cpu --quick
     python benchmarks/round_time.py --device cuda --rounds 3
 
+Backends: ``loop`` (reference), ``vmap`` (eager), ``compiled`` (vmap with
+``compile="default"``: one torch.compile'd fixed-shape step) and ``graphs`` (vmap with
+``compile="reduce-overhead"``: the same step replayed as CUDA graphs; GPU only). The
+warm-up column is the first round, compilation included.
+
 Peak memory: CUDA ``max_memory_allocated`` on a GPU; on CPU the growth of the process's
 peak resident set (VmHWM, reset through /proc/self/clear_refs) over the rounds.
 TFLOP/s: FLOPs of one training step of one client (torch.utils.flop_counter), times the
@@ -36,6 +41,10 @@ from flnotes.models import build_model  # noqa: E402
 from flnotes.tasks import Task  # noqa: E402
 from flnotes.train import train_clients_loop  # noqa: E402
 from flnotes.train_vmap import train_clients_vmap  # noqa: E402
+
+# backend name -> (RunConfig.backend, RunConfig.compile)
+BACKENDS = {"loop": ("loop", "off"), "vmap": ("vmap", "off"),
+            "compiled": ("vmap", "default"), "graphs": ("vmap", "reduce-overhead")}
 
 # model -> (one sample's shape, number of classes)
 SHAPES = {"cnn": ((3, 32, 32), 10), "resnet18": ((3, 32, 32), 10),
@@ -115,15 +124,17 @@ def measure(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     torch.manual_seed(0)
     task = random_task(args.model, args.clients, args.samples, device)
-    config = RunConfig(num_clients=args.clients, clients_per_round=args.clients,
-                       local_epochs=args.epochs, batch_size=args.batch_size, lr=0.01,
-                       momentum=0.9, device=args.device, backend=args.backend).resolved()
+    backend, compile_mode = BACKENDS[args.backend]
+    config = RunConfig(algorithm=args.algorithm, num_clients=args.clients,
+                       clients_per_round=args.clients, local_epochs=args.epochs,
+                       batch_size=args.batch_size, lr=0.01, momentum=0.9, device=args.device,
+                       backend=backend, compile=compile_mode).resolved()
     strategy = build_strategy(config, task.model_factory().state_dict())
     clients = list(range(args.clients))
 
     def one_round(rnd: int) -> None:
         starts = strategy.dispatch(rnd, clients)
-        if args.backend == "loop":
+        if backend == "loop":
             results = train_clients_loop(task, strategy, rnd, clients, starts, config)
         else:
             results = train_clients_vmap(task, strategy, rnd, clients, starts, config,
@@ -131,7 +142,9 @@ def measure(args: argparse.Namespace) -> dict:
         strategy.aggregate(rnd, results)
         sync(device)
 
-    one_round(1)  # warm-up: kernel selection, allocator, first-call overheads
+    tic = time.perf_counter()
+    one_round(1)  # warm-up: kernel selection, allocator, compilation, first-call overheads
+    warmup = time.perf_counter() - tic
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
@@ -146,8 +159,9 @@ def measure(args: argparse.Namespace) -> dict:
     else:
         peak = _status_kb("VmHWM") * 1024 - base
     steps = args.clients * args.epochs * -(-args.samples // args.batch_size)
-    flops = step_flops(task, args.batch_size) * steps
-    return {"model": args.model, "backend": args.backend, "seconds": seconds,
+    models = 2 if args.algorithm == "fml" else 1  # FML trains a meme and a personal model
+    flops = step_flops(task, args.batch_size) * steps * models
+    return {"model": args.model, "backend": args.backend, "seconds": seconds, "warmup": warmup,
             "peak_mib": peak / 2**20, "tflops": flops / seconds / 1e12}
 
 
@@ -156,7 +170,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", default="cnn,resnet18,vgg16,lstm")
-    parser.add_argument("--backends", default="loop,vmap")
+    parser.add_argument("--backends", default=None,
+                        help=f"from {list(BACKENDS)}; default all on a GPU, loop,vmap on a CPU")
+    parser.add_argument("--algorithm", default="fedavg", help="fml: two models per client")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after a warm-up")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--samples", type=int, default=500, help="samples per client")
@@ -170,6 +186,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.clients, args.epochs, args.samples = 4, 1, 100
+    if args.backends is None:
+        args.backends = ",".join(BACKENDS) if args.device.startswith("cuda") else "loop,vmap"
+    unknown = set(args.backends.split(",")) - set(BACKENDS)
+    if unknown:
+        parser.error(f"unknown backends {sorted(unknown)}; choose from {list(BACKENDS)}")
     if args.model:  # worker: one measurement, one JSON line
         print(json.dumps(measure(args)))
         return
@@ -181,7 +202,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--model", model, "--backend", backend,
                    "--device", args.device, "--rounds", str(args.rounds),
                    "--clients", str(args.clients), "--samples", str(args.samples),
-                   "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
+                   "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+                   "--algorithm", args.algorithm]
             if args.chunk_size:
                 cmd += ["--chunk-size", str(args.chunk_size)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
@@ -197,17 +219,20 @@ def main() -> None:
 def print_table(rows: list[dict], peak: float, args: argparse.Namespace) -> None:
     """Markdown table: seconds per round, peak memory, loop/vmap ratio, TFLOP/s."""
     memory = "CUDA max_memory_allocated" if args.device.startswith("cuda") else "peak RSS growth"
-    print(f"\n{args.clients} clients x {args.epochs} epochs x {args.samples} samples, batch "
-          f"{args.batch_size}, {args.rounds} timed rounds after 1 warm-up, device {args.device}")
+    print(f"\n{args.algorithm}, {args.clients} clients x {args.epochs} epochs x {args.samples} "
+          f"samples, batch {args.batch_size}, {args.rounds} timed rounds after 1 warm-up, "
+          f"device {args.device}")
     print(f"float32 matmul peak measured in this run: {peak:.3f} TFLOP/s\n")
-    print(f"| model | backend | s/round | peak MiB ({memory}) | loop/vmap | TFLOP/s | % peak |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(f"| model | backend | s/round | warm-up s | peak MiB ({memory}) | loop/backend | "
+          "TFLOP/s | % peak |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     loop_time = {r["model"]: r["seconds"] for r in rows if r["backend"] == "loop"}
     for r in rows:
         ratio = ""
         if r["backend"] != "loop" and r["model"] in loop_time:
             ratio = f"{loop_time[r['model']] / r['seconds']:.2f}x"
-        print(f"| {r['model']} | {r['backend']} | {r['seconds']:.3f} | {r['peak_mib']:.0f} | "
+        print(f"| {r['model']} | {r['backend']} | {r['seconds']:.3f} | {r['warmup']:.1f} | "
+              f"{r['peak_mib']:.0f} | "
               f"{ratio} | {r['tflops']:.4f} | {100 * r['tflops'] / peak:.1f} |")
 
 

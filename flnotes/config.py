@@ -14,6 +14,7 @@ from typing import Any
 
 PARTITIONS = ("iid", "dirichlet", "shards", "natural")
 BACKENDS = ("auto", "loop", "vmap")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 WEIGHTINGS = ("samples", "uniform")
 MUTATIONS = ("sign", "gaussian")
 
@@ -76,6 +77,10 @@ class RunConfig:
     checkpoint_every: int = 10
     device: str = "auto"
     backend: str = "auto"
+    # torch.compile of the vmap backend's training step: "off", or a torch.compile mode
+    # ("default", "reduce-overhead" = CUDA graphs on a GPU, "max-autotune"). Costs a
+    # compilation (about a minute on a CPU) once per run; see flnotes/train_compiled.py.
+    compile: str = "off"
     record_states: bool = False  # keep every dispatched/local/global state (toy models)
     run_dir: str | None = None  # None: nothing written to disk
 
@@ -156,6 +161,10 @@ def _problems(c: RunConfig):
         yield bad("partition", f"choose one of {list(PARTITIONS)}")
     if c.backend not in BACKENDS:
         yield bad("backend", f"choose one of {list(BACKENDS)}")
+    if c.compile not in COMPILE_MODES:
+        yield bad("compile", f"choose one of {list(COMPILE_MODES)}")
+    elif c.compile != "off" and c.backend == "loop":
+        yield bad("compile", "compiles the vmap backend's step; use backend='vmap' or 'auto'")
     if c.weighting is not None and c.weighting not in WEIGHTINGS:
         yield bad("weighting", f"choose one of {list(WEIGHTINGS)} (or None for the default)")
     if c.mutation not in MUTATIONS:

@@ -26,7 +26,7 @@ from flnotes.tasks import build_task, resolve_device
 from flnotes.train import train_clients
 
 # Fields that may differ when resuming a run folder without changing its results.
-RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "run_dir",
+RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile", "run_dir",
                      "eval_batch_size"}
 
 
@@ -44,33 +44,50 @@ def initial_state(config, task):
         return clone_state(task.model_factory().state_dict())
 
 
-def run(config, *, progress: bool = True, task=None) -> History:
-    """Run (or resume, or reload) a federated training and return its History."""
-    config = config.resolved()
-    task = task if task is not None else build_task(config)
-    device = resolve_device(config.device)
-    history = History(config=config.to_dict(), environment=environment_info(device),
-                      code_version=code_version(), run_dir=config.run_dir)
-    strategy = build_strategy(config, initial_state(config, task))
-    start_round = 1
-    run_dir = Path(config.run_dir) if config.run_dir else None
-    if run_dir is not None:
-        start_round = _prepare_folder(run_dir, config, history, strategy)
-        if history.status == "completed" and start_round > config.rounds:
-            history.final_state = strategy.global_state
-            return history
-        if history.status == "diverged":
-            return history
-        history.status = "running"
+class Simulation:
+    """One run between rounds: its task, strategy, History and folder.
 
-    model = task.working_model()
-    bar = tqdm(range(start_round, config.rounds + 1), desc=config.algorithm,
-               disable=not progress, initial=start_round - 1, total=config.rounds)
-    for rnd in bar:
+    :func:`run` drives one Simulation; :func:`flnotes.stacked.run_seeds` drives several in
+    lockstep and trains their clients together. A round is ``begin_round`` (sample and
+    dispatch), training (the caller's), then ``end_round`` (aggregate, evaluate, record).
+    """
+
+    def __init__(self, config, *, task=None) -> None:
+        self.config = config = config.resolved()
+        self.task = task if task is not None else build_task(config)
+        device = resolve_device(config.device)
+        self.history = History(config=config.to_dict(), environment=environment_info(device),
+                               code_version=code_version(), run_dir=config.run_dir)
+        self.strategy = build_strategy(config, initial_state(config, self.task))
+        self.start_round = 1
+        self.run_dir = Path(config.run_dir) if config.run_dir else None
+        self.finished = False  # a completed or diverged folder: nothing left to run
+        if self.run_dir is not None:
+            history = self.history
+            self.start_round = _prepare_folder(self.run_dir, config, history, self.strategy)
+            if history.status == "completed" and self.start_round > config.rounds:
+                history.final_state = self.strategy.global_state
+                self.finished = True
+            elif history.status == "diverged":
+                self.finished = True
+            else:
+                history.status = "running"
+        self.model = self.task.working_model()
+
+    @property
+    def running(self) -> bool:
+        """True while rounds are left and the run has not diverged."""
+        return not self.finished and self.history.status == "running"
+
+    def begin_round(self, rnd: int) -> tuple[list[int], list]:
+        """The round's sampled clients and the states dispatched to them."""
+        clients = sample_clients(self.config, rnd)
+        return clients, self.strategy.dispatch(rnd, clients)
+
+    def end_round(self, rnd: int, clients, starts, results, seconds: float) -> dict:
+        """Aggregate, evaluate, record and checkpoint; returns the round's metrics row."""
+        config, history, strategy = self.config, self.history, self.strategy
         tic = time.perf_counter()
-        clients = sample_clients(config, rnd)
-        starts = strategy.dispatch(rnd, clients)
-        results = train_clients(task, strategy, rnd, clients, starts, config)
         new_global = strategy.aggregate(rnd, results)
         samples = sum(r.num_samples for r in results)
         train_loss = sum(r.train_loss * r.num_samples for r in results) / samples
@@ -78,33 +95,57 @@ def run(config, *, progress: bool = True, task=None) -> History:
         if not math.isfinite(train_loss) or not state_is_finite(new_global):
             history.status = "diverged"
         elif rnd % config.eval_every == 0 or rnd == config.rounds:
-            model.load_state_dict(new_global)
-            row.update(task.evaluate(model, config.eval_batch_size))
-            row.update(strategy.round_metrics(task))
-        row["seconds"] = time.perf_counter() - tic
+            self.model.load_state_dict(new_global)
+            row.update(self.task.evaluate(self.model, config.eval_batch_size))
+            row.update(strategy.round_metrics(self.task))
+        row["seconds"] = seconds + time.perf_counter() - tic
         history.rows.append(row)
         if config.record_states:
             history.trajectory.append({
                 "round": rnd, "clients": clients,
                 "dispatched": [clone_state(s) for s in starts],
                 "local": [r.state for r in results], "global": clone_state(new_global)})
+        if self.run_dir is not None:
+            _append_row(self.run_dir, row)
+            if history.status != "diverged" and rnd % config.checkpoint_every == 0:
+                _save_checkpoint(self.run_dir, rnd, strategy, history)
+        return row
+
+    def finish(self) -> History:
+        """Mark the run completed (unless it diverged), save the last checkpoint and model."""
+        history = self.history
+        if self.finished:
+            return history
+        if history.status == "running":
+            history.status = "completed"
+        history.final_state = self.strategy.global_state
+        if self.run_dir is not None:
+            last = history.rows[-1]["round"] if history.rows else 0
+            _save_checkpoint(self.run_dir, last, self.strategy, history)
+            _atomic_save(self.strategy.global_state, self.run_dir / "global_model.pt")
+        self.finished = True
+        return history
+
+
+def run(config, *, progress: bool = True, task=None) -> History:
+    """Run (or resume, or reload) a federated training and return its History."""
+    sim = Simulation(config, task=task)
+    if sim.finished:
+        return sim.history
+    config = sim.config
+    bar = tqdm(range(sim.start_round, config.rounds + 1), desc=config.algorithm,
+               disable=not progress, initial=sim.start_round - 1, total=config.rounds)
+    for rnd in bar:
+        tic = time.perf_counter()
+        clients, starts = sim.begin_round(rnd)
+        results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)
+        row = sim.end_round(rnd, clients, starts, results, time.perf_counter() - tic)
         if "accuracy" in row:
             bar.set_postfix(acc=f"{row['accuracy']:.3f}", s_per_round=f"{row['seconds']:.2f}")
-        if run_dir is not None:
-            _append_row(run_dir, row)
-        if history.status == "diverged":
+        if not sim.running:
             break
-        if run_dir is not None and (rnd % config.checkpoint_every == 0):
-            _save_checkpoint(run_dir, rnd, strategy, history)
     bar.close()
-    if history.status == "running":
-        history.status = "completed"
-    history.final_state = strategy.global_state
-    if run_dir is not None:
-        last = history.rows[-1]["round"] if history.rows else 0
-        _save_checkpoint(run_dir, last, strategy, history)
-        _atomic_save(strategy.global_state, run_dir / "global_model.pt")
-    return history
+    return sim.finish()
 
 
 def _mean_extras(results) -> dict[str, float]:

@@ -42,6 +42,8 @@ class Task:
     # training share) or "test" (a natural split's per-client test rows, e.g. LEAF).
     client_test_source: str = "train"
     _working_model: nn.Module | None = field(default=None, init=False, repr=False)
+    # Built once per run by a training backend (e.g. the compiled step), keyed by it.
+    backend_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def working_model(self) -> nn.Module:
         """One model instance, built once, that training and evaluation load states into."""

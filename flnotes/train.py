@@ -96,9 +96,14 @@ def train_clients_loop(
 
 
 def resolve_backend(config) -> str:
-    """'auto' -> vmap on a GPU; loop on a CPU, where vmap is no faster (benchmarks/README.md)."""
+    """'auto' -> vmap on a GPU; loop on a CPU, where vmap is no faster (benchmarks/README.md).
+
+    A config that asks for ``compile`` gets vmap: only its step is compiled.
+    """
     if config.backend != "auto":
         return config.backend
+    if config.compile != "off":
+        return "vmap"
     from flnotes.tasks import resolve_device
 
     return "vmap" if resolve_device(config.device).type == "cuda" else "loop"

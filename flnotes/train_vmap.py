@@ -87,6 +87,13 @@ def masked_loss(loss_fn, out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor 
         per_row = F.cross_entropy(out, y, reduction="none")
     else:  # any batch-mean loss: evaluate it on batches of one row
         per_row = vmap(lambda o, t: loss_fn(o[None], t[None]))(out, y)
+    return masked_mean(per_row, mask)
+
+
+def masked_mean(per_row: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of per-row values over the real rows (all rows when mask is None)."""
+    if mask is None:
+        return per_row.mean()
     # where, not a product: a padding row's loss may be huge, and inf * 0 would be NaN.
     return torch.where(mask > 0, per_row, 0.0).sum() / mask.sum()
 
@@ -102,8 +109,6 @@ def train_clients_vmap(
     chunk_size: int | None = None,
 ) -> list[ClientResult]:
     """Train the sampled clients together; the same results as the loop backend."""
-    if strategy.custom_local_update:  # FML trains two models per client: the reference path
-        return train_clients_loop(task, strategy, round, clients, starts, config)
     sizes = [task.num_samples(c) for c in clients]
     # Most steps first, so the clients still training are always a prefix of the stack.
     order = sorted(range(len(clients)), key=lambda i: -sizes[i])
@@ -113,8 +118,8 @@ def train_clients_vmap(
     while done < len(order):
         part = order[done : done + chunk]
         try:
-            trained = _train_group(task, strategy, round, [clients[i] for i in part],
-                                   [starts[i] for i in part], config)
+            trained = train_group(task, strategy, round, [clients[i] for i in part],
+                                  [starts[i] for i in part], config)
         except torch.cuda.OutOfMemoryError:
             if chunk == 1:
                 raise
@@ -128,15 +133,30 @@ def train_clients_vmap(
     return [results[i] for i in range(len(clients))]
 
 
+def train_group(task, strategy, round, clients, starts, config) -> list[ClientResult]:
+    """Train one group of clients: the compiled fixed-shape step if asked for, else eager."""
+    if strategy.custom_local_update:  # FML's two models per client
+        batched = strategy.local_update_batched(task, round, clients, starts, config)
+        if batched is None:  # the strategy has no batched path: the reference loop
+            batched = train_clients_loop(task, strategy, round, clients, starts, config)
+        return batched
+    if config.compile != "off":
+        from flnotes.train_compiled import train_group_compiled
+
+        return train_group_compiled(task, strategy, round, clients, starts, config)
+    return _train_group(task, strategy, round, clients, starts, config)
+
+
 def _train_group(task, strategy, round, clients, starts, config) -> list[ClientResult]:
     """Train one group of clients (sorted by sample count, most first) as one stack."""
-    model = task.model_factory()
-    model.train()
-    ctx = StepContext()
-    fmodel = vmap_ready(model, ctx)
-    param_names = [n for n, _ in model.named_parameters()]
-    names = list(model.state_dict().keys())
-    device = next(iter(model.state_dict().values())).device
+    if "eager-model" not in task.backend_cache:  # built once per run, like working_model
+        ctx = StepContext()
+        task.backend_cache["eager-model"] = (vmap_ready(task.model_factory(), ctx), ctx)
+    fmodel, ctx = task.backend_cache["eager-model"]
+    fmodel.train()
+    param_names = [n for n, _ in fmodel.named_parameters()]
+    names = list(fmodel.state_dict().keys())
+    device = next(iter(fmodel.state_dict().values())).device
     # (K, *shape) stacks of the start states; parameters and buffers alike.
     stack = {n: torch.stack([s[n] for s in starts]).to(device) for n in names}
     penalty = strategy.local_penalty if strategy.has_penalty else None
@@ -170,7 +190,9 @@ def _train_group(task, strategy, round, clients, starts, config) -> list[ClientR
     batched_full = vmap(client_loss, in_dims=(0, 0, 0, 0, 0, None))
     momentum, wd, lr = config.momentum, config.weight_decay, config.lr
     bufs: dict[str, torch.Tensor] = {}  # momentum buffers, (K, *shape)
-    losses = torch.zeros(len(clients), max(schedule.steps, default=0), device=device)
+    dtype = stack[param_names[0]].dtype  # losses in the model's precision
+    losses = torch.zeros(len(clients), max(schedule.steps, default=0), device=device,
+                         dtype=dtype)
 
     for t in range(losses.shape[1]):
         a = schedule.active(t)
@@ -191,13 +213,24 @@ def _train_group(task, strategy, round, clients, starts, config) -> list[ClientR
             _sgd_step(stack, bufs, param_names, grads, a, lr, momentum, wd)
             _update_running_stats(stack, bn_modules, stats, a)
 
+    mean_losses = step_means(losses[..., None], schedule.steps)  # one device transfer
     results = []
     for k, client in enumerate(clients):
         state = OrderedDict((n, stack[n][k].clone()) for n in names)
-        steps = schedule.steps[k]
-        loss = float(losses[k, :steps].mean()) if steps else float("nan")
-        results.append(ClientResult(client, state, counts[k], loss))
+        results.append(ClientResult(client, state, counts[k], mean_losses[k][0]))
     return results
+
+
+def step_means(values: torch.Tensor | None, steps: list[int]) -> list[list[float]]:
+    """Each client's mean of each (K, T, R) value over its own steps, in one transfer."""
+    if values is None or values.shape[1] == 0:  # nobody took a step
+        return [[float("nan")] * (1 if values is None else values.shape[2]) for _ in steps]
+    device = values.device
+    taken = torch.arange(values.shape[1], device=device) < torch.tensor(
+        steps, device=device)[:, None]
+    sums = torch.where(taken[..., None], values, 0.0).sum(1)
+    counts = torch.tensor(steps, device=device, dtype=values.dtype)[:, None]
+    return (sums / counts).tolist()  # a client with no steps gets 0/0 = nan, as the loop
 
 
 def _sgd_step(stack, bufs, names, grads, a, lr, momentum, wd) -> None:

@@ -39,6 +39,9 @@ class Strategy:
     custom_local_update = False
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
+    # True when local_penalty depends only on (params, start) and the config, so runs of one
+    # config with different seeds may share it in one stack (flnotes.stacked).
+    penalty_is_shared = True
 
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()
@@ -58,6 +61,14 @@ class Strategy:
     def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:
         """A whole custom local update; used only when ``custom_local_update`` is True."""
         raise NotImplementedError(f"{type(self).__name__} has no custom local update")
+
+    def local_update_batched(self, task, round: int, clients: list[int], starts: list,
+                             config) -> list[ClientResult] | None:
+        """The custom local update of many clients at once (vmap backend); None: no such path.
+
+        Must give the same results as ``local_update`` client by client (float tolerance).
+        """
+        return None
 
     def aggregate(self, round: int, results: list[ClientResult]) -> OrderedDict[str, torch.Tensor]:
         """New global state from the clients' results (weighted mean by default)."""

@@ -70,6 +70,7 @@ class FedUp(Strategy):
     name = "fedup"
     default_weighting = "samples"
     default_alpha = 0.01
+    penalty_is_shared = False  # the linear term uses this run's own previous global model
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)

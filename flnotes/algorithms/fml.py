@@ -50,6 +50,12 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) 
     )
 
 
+def distillation_kl_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor):
+    """Per-row KL(softmax(teacher) || softmax(student)); their mean is distillation_kl."""
+    return F.kl_div(F.log_softmax(student_logits, dim=1),
+                    F.softmax(teacher_logits.detach(), dim=1), reduction="none").sum(1)
+
+
 def mutual_losses(
     personal_logits: torch.Tensor,
     meme_logits: torch.Tensor,
@@ -137,6 +143,45 @@ class FML(Strategy):
         mean = lambda v: float(torch.stack(v).mean()) if v else float("nan")
         return ClientResult(client, clone_state(meme.state_dict()), len(y), mean(meme_ces),
                             extra={"personal_loss": mean(personal_ces)})
+
+    def local_update_batched(self, task, round: int, clients: list[int], starts: list,
+                             config) -> list[ClientResult]:
+        """Every client's DML at once on the vmap backend's fixed-shape step (same results)."""
+        from flnotes.train_compiled import client_lanes, train_stacked  # (import cycle)
+
+        personal = [self.personal_state(task, c) for c in clients]
+        states, means = train_stacked(
+            task, client_lanes(task, config, round, clients),
+            {"meme.": starts, "personal.": personal}, config,
+            ("fml", id(self)), lambda: self.batched_objective(task.loss_fn))
+        results = []
+        for k, client in enumerate(clients):
+            self.personal[client] = states["personal."][k]
+            results.append(ClientResult(client, states["meme."][k], task.num_samples(client),
+                                        means[k][0], extra={"personal_loss": means[k][1]}))
+        return results
+
+    def batched_objective(self, loss_fn):
+        """The DML objective of one client's two models, for the batched step (masked rows)."""
+        from flnotes.train_vmap import masked_loss, masked_mean
+
+        a, b = self.config.personal_weight, self.config.meme_weight
+
+        def objective(forward, params, anchor, xb, yb, mask):
+            personal_out, meme_out = forward("personal.", xb), forward("meme.", xb)
+            ce_personal = masked_loss(loss_fn, personal_out, yb, mask)
+            ce_meme = masked_loss(loss_fn, meme_out, yb, mask)
+            personal_loss, meme_loss = a * ce_personal, b * ce_meme
+            if a < 1:  # as mutual_losses: a zero-weight KL term is left out
+                personal_loss = personal_loss + (1 - a) * masked_mean(
+                    distillation_kl_rows(personal_out, meme_out), mask)
+            if b < 1:
+                meme_loss = meme_loss + (1 - b) * masked_mean(
+                    distillation_kl_rows(meme_out, personal_out), mask)
+            # The teachers are detached: one gradient of the sum trains each model on its own.
+            return personal_loss + meme_loss, torch.stack([ce_meme, ce_personal]).detach()
+
+        return objective
 
     def round_metrics(self, task) -> dict[str, float]:
         """Mean accuracy of each personal model on its own client's held-out data."""

@@ -1,0 +1,103 @@
+"""Several seeds of one configuration as one batched run: S seeds x K clients per step.
+
+A paper's table cell is a mean +- std over seeds. Run one after another, every round of
+every seed trains its K clients; stacked, the S runs go through their rounds in lockstep
+and each round trains all S*K clients as one computation on the fixed-shape step of
+:mod:`flnotes.train_compiled` (compiled when ``config.compile`` asks for it). That keeps a
+GPU busier; on a CPU it is no faster than running the seeds in turn.
+
+Each seed stays a run of its own: its own partition, client sampling, strategy, History
+and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal
+``run(config.replace(seed=N))`` to float tolerance (tests/test_stacked.py).
+
+What shares the stack: strategies whose local objective is one function for every seed
+(FedAvg, FedProx, FedMut, FedQP, FedMR). FedUp's penalty reads each run's own previous
+global model and FML trains two models per client, so those train run by run inside the
+same lockstep round. ``backend="loop"`` runs the seeds one after another with :func:`run`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tqdm.auto import tqdm
+
+from flnotes.algorithms.base import ClientResult
+from flnotes.history import History
+from flnotes.sim import Simulation, run
+from flnotes.train import train_clients
+from flnotes.train_compiled import client_lanes, supervised_objective, train_stacked
+
+
+def seed_configs(config, seeds: list[int]) -> list:
+    """One config per seed; a run folder gets one subfolder per seed (``seed<N>``)."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("run_seeds needs at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"run_seeds got a seed twice: {seeds}")
+    return [config.replace(seed=seed, run_dir=None if config.run_dir is None
+                           else f"{config.run_dir}/seed{seed}") for seed in seeds]
+
+
+def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[History]:
+    """Run ``config`` once per seed, the seeds' clients trained together; one History each."""
+    configs = seed_configs(config, seeds)
+    if config.backend == "loop":  # the reference path: nothing to stack
+        return [run(c, progress=progress) for c in configs]
+    sims = [Simulation(c) for c in configs]
+    waiting = [sim for sim in sims if sim.running]
+    first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
+    bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
+               disable=not progress, initial=first - 1, total=config.rounds)
+    for rnd in bar:
+        active = [sim for sim in sims if sim.running and sim.start_round <= rnd]
+        if not active:
+            break
+        tic = time.perf_counter()
+        plans = [(sim, *sim.begin_round(rnd)) for sim in active]
+        trained = train_plans(plans, rnd)
+        seconds = time.perf_counter() - tic  # the stack's time, reported by every seed
+        rows = [sim.end_round(rnd, clients, starts, results, seconds)
+                for (sim, clients, starts), results in zip(plans, trained, strict=True)]
+        accuracies = [row["accuracy"] for row in rows if "accuracy" in row]
+        if accuracies:
+            bar.set_postfix(mean_acc=f"{sum(accuracies) / len(accuracies):.3f}",
+                            s_per_round=f"{seconds:.2f}")
+    bar.close()
+    return [sim.finish() for sim in sims]
+
+
+def shares_stack(strategy) -> bool:
+    """Whether a strategy's clients can train in a stack with other seeds' clients."""
+    return not strategy.custom_local_update and (
+        not strategy.has_penalty or strategy.penalty_is_shared)
+
+
+def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
+    """Each plan's (sim, clients, starts) trained; stackable plans as one computation."""
+    out: list[list[ClientResult] | None] = [None] * len(plans)
+    stackable = [i for i, (sim, _, _) in enumerate(plans) if shares_stack(sim.strategy)]
+    if stackable:
+        lanes, starts = [], []
+        for i in stackable:
+            sim, clients, group_starts = plans[i]
+            lanes += client_lanes(sim.task, sim.config, rnd, clients)
+            starts += group_starts
+        lead = plans[stackable[0]][0]  # seeds share the config: its objective serves all
+        penalty = lead.strategy.local_penalty if lead.strategy.has_penalty else None
+        states, means = train_stacked(
+            lead.task, lanes, {"": starts}, lead.config, ("seeds", id(lead.strategy)),
+            lambda: supervised_objective(lead.task.loss_fn, penalty),
+            anchored=penalty is not None)
+        lane = 0
+        for i in stackable:
+            sim, clients, _ = plans[i]
+            out[i] = [ClientResult(c, states[""][lane + k], sim.task.num_samples(c),
+                                   means[lane + k][0]) for k, c in enumerate(clients)]
+            lane += len(clients)
+    for i, (sim, clients, group_starts) in enumerate(plans):
+        if out[i] is None:  # FedUp, FML: this run's clients on their own
+            out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,
+                                   sim.config)
+    return out

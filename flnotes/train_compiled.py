@@ -1,0 +1,228 @@
+"""The vmap backend with ``compile``: one fixed-shape training step, compiled once per run.
+
+The eager vmap backend (:mod:`flnotes.train_vmap`) trains the prefix of clients that still
+have steps, so shapes shrink near the end of a round when clients hold unequal data. A
+compiled graph wants fixed shapes (every new shape is another compilation, a minute on a
+CPU), so here every step runs all K clients on a full (K, B) batch with
+
+- a row mask, 1.0 on real rows, that the loss and the BatchNorm statistics respect
+  (a short last batch is padded with the client's own rows, as in the eager backend);
+- a client mask, 1.0 while the client still has steps, that freezes finished clients:
+  their weights, momentum buffers and BatchNorm buffers keep their values, so each client
+  does exactly the steps it would do alone.
+
+A round is then T calls of one function on tensors of the same shapes: one compilation
+per run (the step is cached on the Task) and, with ``compile="reduce-overhead"`` on a
+GPU, a graph that CUDA graphs replay without Python in the loop. Results equal the loop
+backend's to float tolerance (tests/test_compiled.py).
+
+Assumption: every parameter gets a gradient (true of every model in the registry).
+torch.optim.SGD skips a parameter whose gradient is None; torch.func.grad returns zeros,
+so with weight decay such a parameter would still decay here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch.func import functional_call, grad_and_value, vmap
+
+from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.functional import StatBatchNorm, StepContext, running_stat_updates, vmap_ready
+from flnotes.train import client_generator
+from flnotes.train_vmap import build_schedule, masked_loss, step_means
+
+
+def train_group_compiled(
+    task, strategy: Strategy, round: int, clients: list[int], starts: list, config
+) -> list[ClientResult]:
+    """Train one group of clients with the cached step (minimising loss + local penalty)."""
+    penalty = strategy.local_penalty if strategy.has_penalty else None
+    key = ("supervised", id(strategy))
+    states, reported = train_stacked(
+        task, client_lanes(task, config, round, clients), {"": starts}, config, key,
+        lambda: supervised_objective(task.loss_fn, penalty), anchored=penalty is not None)
+    counts = [task.num_samples(c) for c in clients]
+    return [ClientResult(c, state, n, loss[0])
+            for c, state, n, loss in zip(clients, states[""], counts, reported, strict=True)]
+
+
+def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callable:
+    """The objective of every method but FML: loss on the batch + the strategy's penalty."""
+
+    def objective(forward, params, anchor, xb, yb, mask):
+        loss = masked_loss(loss_fn, forward("", xb), yb, mask)
+        total = loss
+        if penalty is not None:
+            extra = penalty(params, anchor)
+            if extra is not None:
+                total = loss + extra
+        return total, loss.detach()[None]
+
+    return objective
+
+
+def client_lanes(task, config, round: int, clients: list[int]) -> list[tuple]:
+    """(x, y, batch-order generator) of each client: what one lane of the stack trains on."""
+    return [(*task.client_data(c), client_generator(config, round, c)) for c in clients]
+
+
+def train_stacked(
+    task,
+    lanes: list[tuple],
+    starts: dict[str, list],
+    config,
+    key: tuple,
+    make_objective: Callable[[], Callable],
+    *,
+    anchored: bool = False,
+) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
+    """Train K lanes (clients), each with one model per prefix of ``starts``, in one stack.
+
+    ``lanes`` holds each client's (x, y, generator) (:func:`client_lanes`; several runs'
+    clients may share a stack, :mod:`flnotes.stacked`). ``starts`` maps a prefix ("" for one
+    model; FML: "meme." and "personal.") to the K start states. ``make_objective()`` gives
+    ``objective(forward, params, anchor, xb, yb, mask) -> (total loss, reported values)``,
+    where ``forward(prefix, x)`` runs that model. Returns the trained states per prefix and,
+    per lane, the mean of each reported value over its steps. ``task`` gives the model and
+    keeps the step, built (and compiled) once per ``key`` and shape.
+    """
+    step, model, ctx = _cached_step(task, config, len(lanes), tuple(starts), key,
+                                    make_objective)
+    names = list(model.state_dict().keys())
+    param_names = {n for n, _ in model.named_parameters()}
+    device = next(iter(model.state_dict().values())).device
+    stack = {prefix + n: torch.stack([s[n] for s in group]).to(device)
+             for prefix, group in starts.items() for n in names}
+    params = {n: t for n, t in stack.items() if _unprefixed(n, starts) in param_names}
+    buffers = {n: t for n, t in stack.items() if n not in params}
+    # The dispatched states anchor the local penalty (FedProx, FedUp); unused otherwise.
+    anchor = {n: p.clone() for n, p in params.items()} if anchored else {}
+    momentum_bufs = {n: torch.zeros_like(p) for n, p in params.items()}
+
+    x_all = torch.cat([x for x, _, _ in lanes]).to(device)
+    y_all = torch.cat([y for _, y, _ in lanes]).to(device)
+    counts = [len(y) for _, y, _ in lanes]
+    offsets = [sum(counts[:k]) for k in range(len(counts))]
+    schedule = build_schedule(counts, offsets, config.local_epochs, config.batch_size,
+                              [g for _, _, g in lanes])
+    total_steps = max(schedule.steps, default=0)
+    # Fewest real rows of any step any client takes: nn.BatchNorm refuses a 1-row batch
+    # (StatBatchNorm checks it at trace time, so the value is part of the compiled graph).
+    ctx.min_rows = min(2, int(schedule.sizes[schedule.sizes > 0].min())) if total_steps else 2
+    rows = schedule.rows.to(device)
+    real = torch.arange(config.batch_size) < schedule.sizes[..., None]  # (K, T, B)
+    # A finished client trains on (frozen) full batches of its own rows: no empty batch,
+    # so no 0/0 anywhere, even in the results that the client mask throws away.
+    row_masks = torch.where((schedule.sizes == 0)[..., None], True, real).float().to(device)
+    active = (schedule.sizes > 0).float().to(device)  # (K, T)
+    reported = None  # (K, T, R) once the first step tells R
+
+    for t in range(total_steps):
+        params, buffers, momentum_bufs, values = step(
+            params, buffers, anchor, momentum_bufs, x_all, y_all,
+            rows[:, t].contiguous(), row_masks[:, t].contiguous(), active[:, t].contiguous())
+        if reported is None:
+            reported = values.new_zeros(len(lanes), total_steps, values.shape[1])
+        reported[:, t] = values
+
+    merged = {**params, **buffers}
+    states = {prefix: [OrderedDict((n, merged[prefix + n][k].detach().clone()) for n in names)
+                       for k in range(len(lanes))] for prefix in starts}
+    return states, step_means(reported, schedule.steps)
+
+
+def _unprefixed(name: str, starts: dict) -> str:
+    """The model's own name of a stacked tensor (the prefix taken off)."""
+    for prefix in starts:
+        if prefix and name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, make_objective):
+    """The (compiled) step for this task, objective and setting, built on first use."""
+    full_key = ("stacked-step", *key, num_clients, prefixes, config.compile, config.lr,
+                config.momentum, config.weight_decay, config.batch_size)
+    cache = task.backend_cache
+    if full_key not in cache:
+        ctx = StepContext()
+        model = vmap_ready(task.model_factory(), ctx)
+        model.train()
+        step = make_step(model, ctx, make_objective(), prefixes, lr=config.lr,
+                         momentum=config.momentum, weight_decay=config.weight_decay)
+        if config.compile != "off":
+            step = torch.compile(step, mode=config.compile, dynamic=False)
+        cache[full_key] = (step, model, ctx)
+    return cache[full_key]
+
+
+def make_step(
+    model: torch.nn.Module,
+    ctx: StepContext,
+    objective: Callable,
+    prefixes: tuple[str, ...] = ("",),
+    *,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+) -> Callable:
+    """A pure function: one SGD step of K stacked clients, with row and client masks."""
+    bn_modules = {n: m for n, m in model.named_modules() if isinstance(m, StatBatchNorm)}
+
+    def client_loss(params, buffers, anchor, xb, yb, mask):
+        """One client's objective on its batch (under vmap: one client, one batch)."""
+        stats = {}
+
+        def forward(prefix: str, x: torch.Tensor) -> torch.Tensor:
+            """The client's model ``prefix`` on x; its BatchNorm statistics go to stats."""
+            ctx.mask, ctx.stats = mask, {}
+            own = {n[len(prefix):]: t for n, t in params.items() if n.startswith(prefix)}
+            own_buffers = {n[len(prefix):]: t for n, t in buffers.items() if n.startswith(prefix)}
+            out = functional_call(model, (own, own_buffers), (x,))
+            stats.update({(prefix, name): value for name, value in ctx.stats.items()})
+            ctx.mask, ctx.stats = None, {}
+            return out
+
+        total, reported = objective(forward, params, anchor, xb, yb, mask)
+        return total, (reported, stats)
+
+    per_client_grads = vmap(grad_and_value(client_loss, has_aux=True))
+
+    def step(params, buffers, anchor, momentum_bufs, x_all, y_all, rows, row_mask, active):
+        """(params, buffers, momentum buffers, reported values) after one step."""
+        grads, (_, (reported, stats)) = per_client_grads(
+            params, buffers, anchor, x_all[rows], y_all[rows], row_mask)
+        on = {}  # the client mask broadcast to each tensor's rank, built once per rank
+
+        def keep(new, old):
+            """new where the client trains, old where it has finished."""
+            if old.dim() not in on:
+                on[old.dim()] = active.reshape([-1] + [1] * (old.dim() - 1)) > 0
+            return torch.where(on[old.dim()], new, old)
+
+        new_params, new_bufs = {}, {}
+        for n, p in params.items():  # torch.optim.SGD: d = g + wd p; b = m b + d; p -= lr b
+            d = grads[n] + weight_decay * p if weight_decay != 0 else grads[n]
+            if momentum != 0:
+                # Buffers start at zero, so the first step gives b = d exactly, as SGD's.
+                # A finished client's buffer may change: it is never read again.
+                d = momentum * momentum_bufs[n] + d
+                new_bufs[n] = d
+            new_params[n] = keep(p - lr * d, p)
+        new_buffers = dict(buffers)
+        for (prefix, name), (mean, var) in stats.items():  # nn.BatchNorm's running stats
+            base = prefix + name
+            tracked = buffers[f"{base}.num_batches_tracked"]
+            tracked_now = tracked + active.to(tracked.dtype)
+            rm, rv = buffers[f"{base}.running_mean"], buffers[f"{base}.running_var"]
+            new_mean, new_var = running_stat_updates(
+                rm, rv, tracked_now, mean, var, bn_modules[name].bn_momentum)
+            new_buffers[f"{base}.num_batches_tracked"] = tracked_now
+            new_buffers[f"{base}.running_mean"] = keep(new_mean, rm)
+            new_buffers[f"{base}.running_var"] = keep(new_var, rv)
+        return new_params, new_buffers, new_bufs if momentum != 0 else momentum_bufs, reported
+
+    return step
