@@ -35,11 +35,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flnotes.algorithms import build_strategy  # noqa: E402
+from flnotes.algorithms.base import ClientResult  # noqa: E402
 from flnotes.config import RunConfig  # noqa: E402
 from flnotes.functional import StepContext, vmap_ready  # noqa: E402
 from flnotes.models import build_model  # noqa: E402
 from flnotes.tasks import Task  # noqa: E402
 from flnotes.train import train_clients_loop  # noqa: E402
+from flnotes.train_compiled import client_lanes, supervised_objective, train_stacked  # noqa: E402
 from flnotes.train_vmap import train_clients_vmap  # noqa: E402
 
 # backend name -> (RunConfig.backend, RunConfig.compile)
@@ -119,6 +121,18 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
+def stacked_round(task, strategies, configs, rnd, clients, starts) -> list[list[ClientResult]]:
+    """All seeds' clients as one stack (what flnotes.stacked.run_seeds does each round)."""
+    lanes = [lane for c in configs for lane in client_lanes(task, c, rnd, clients)]
+    penalty = strategies[0].local_penalty if strategies[0].has_penalty else None
+    states, means = train_stacked(
+        task, lanes, {"": [s for group in starts for s in group]}, configs[0], ("bench",),
+        lambda: supervised_objective(task.loss_fn, penalty), anchored=penalty is not None)
+    k = len(clients)
+    return [[ClientResult(c, states[""][i * k + j], task.num_samples(c), means[i * k + j][0])
+             for j, c in enumerate(clients)] for i in range(len(configs))]
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Time ``args.rounds`` rounds of one (model, backend) after one warm-up round."""
     device = torch.device(args.device)
@@ -129,17 +143,24 @@ def measure(args: argparse.Namespace) -> dict:
                        clients_per_round=args.clients, local_epochs=args.epochs,
                        batch_size=args.batch_size, lr=0.01, momentum=0.9, device=args.device,
                        backend=backend, compile=compile_mode).resolved()
-    strategy = build_strategy(config, task.model_factory().state_dict())
+    init = task.model_factory().state_dict()
+    configs = [config.replace(seed=seed) for seed in range(args.seeds)]
+    strategies = [build_strategy(c, init) for c in configs]
     clients = list(range(args.clients))
 
     def one_round(rnd: int) -> None:
-        starts = strategy.dispatch(rnd, clients)
+        """One round of every seed: in turn (loop, or vmap with 1 seed) or stacked."""
+        starts = [s.dispatch(rnd, clients) for s in strategies]
         if backend == "loop":
-            results = train_clients_loop(task, strategy, rnd, clients, starts, config)
+            results = [train_clients_loop(task, s, rnd, clients, st, c)
+                       for s, st, c in zip(strategies, starts, configs, strict=True)]
+        elif args.seeds == 1:
+            results = [train_clients_vmap(task, strategies[0], rnd, clients, starts[0],
+                                          config, chunk_size=args.chunk_size)]
         else:
-            results = train_clients_vmap(task, strategy, rnd, clients, starts, config,
-                                         chunk_size=args.chunk_size)
-        strategy.aggregate(rnd, results)
+            results = stacked_round(task, strategies, configs, rnd, clients, starts)
+        for strategy, trained in zip(strategies, results, strict=True):
+            strategy.aggregate(rnd, trained)
         sync(device)
 
     tic = time.perf_counter()
@@ -158,7 +179,7 @@ def measure(args: argparse.Namespace) -> dict:
         peak = torch.cuda.max_memory_allocated(device)
     else:
         peak = _status_kb("VmHWM") * 1024 - base
-    steps = args.clients * args.epochs * -(-args.samples // args.batch_size)
+    steps = args.seeds * args.clients * args.epochs * -(-args.samples // args.batch_size)
     models = 2 if args.algorithm == "fml" else 1  # FML trains a meme and a personal model
     flops = step_flops(task, args.batch_size) * steps * models
     return {"model": args.model, "backend": args.backend, "seconds": seconds, "warmup": warmup,
@@ -173,6 +194,8 @@ def main() -> None:
     parser.add_argument("--backends", default=None,
                         help=f"from {list(BACKENDS)}; default all on a GPU, loop,vmap on a CPU")
     parser.add_argument("--algorithm", default="fedavg", help="fml: two models per client")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="seeds per round: loop runs them in turn, the others stack them")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after a warm-up")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--samples", type=int, default=500, help="samples per client")
@@ -191,6 +214,8 @@ def main() -> None:
     unknown = set(args.backends.split(",")) - set(BACKENDS)
     if unknown:
         parser.error(f"unknown backends {sorted(unknown)}; choose from {list(BACKENDS)}")
+    if args.seeds > 1 and args.algorithm in ("fml", "fedup"):
+        parser.error("--seeds stacks one shared objective; fml and fedup train run by run")
     if args.model:  # worker: one measurement, one JSON line
         print(json.dumps(measure(args)))
         return
@@ -203,7 +228,7 @@ def main() -> None:
                    "--device", args.device, "--rounds", str(args.rounds),
                    "--clients", str(args.clients), "--samples", str(args.samples),
                    "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                   "--algorithm", args.algorithm]
+                   "--algorithm", args.algorithm, "--seeds", str(args.seeds)]
             if args.chunk_size:
                 cmd += ["--chunk-size", str(args.chunk_size)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
@@ -219,9 +244,10 @@ def main() -> None:
 def print_table(rows: list[dict], peak: float, args: argparse.Namespace) -> None:
     """Markdown table: seconds per round, peak memory, loop/vmap ratio, TFLOP/s."""
     memory = "CUDA max_memory_allocated" if args.device.startswith("cuda") else "peak RSS growth"
-    print(f"\n{args.algorithm}, {args.clients} clients x {args.epochs} epochs x {args.samples} "
-          f"samples, batch {args.batch_size}, {args.rounds} timed rounds after 1 warm-up, "
-          f"device {args.device}")
+    seeds = f"{args.seeds} seeds x " if args.seeds > 1 else ""
+    print(f"\n{args.algorithm}, {seeds}{args.clients} clients x {args.epochs} epochs x "
+          f"{args.samples} samples, batch {args.batch_size}, {args.rounds} timed rounds after "
+          f"1 warm-up, device {args.device}")
     print(f"float32 matmul peak measured in this run: {peak:.3f} TFLOP/s\n")
     print(f"| model | backend | s/round | warm-up s | peak MiB ({memory}) | loop/backend | "
           "TFLOP/s | % peak |")

@@ -109,8 +109,9 @@ def train_stacked(
     schedule = build_schedule(counts, offsets, config.local_epochs, config.batch_size,
                               [g for _, _, g in lanes])
     total_steps = max(schedule.steps, default=0)
-    # Fewest real rows of any step any client takes: nn.BatchNorm refuses a 1-row batch
-    # (StatBatchNorm checks it at trace time, so the value is part of the compiled graph).
+    # Fewest real rows of any step any client takes: nn.BatchNorm refuses a 1-row batch.
+    # StatBatchNorm checks it at trace time, so a round with a 1-row batch compiles a second
+    # variant of the step (once; both stay cached).
     ctx.min_rows = min(2, int(schedule.sizes[schedule.sizes > 0].min())) if total_steps else 2
     rows = schedule.rows.to(device)
     real = torch.arange(config.batch_size) < schedule.sizes[..., None]  # (K, T, B)
@@ -121,9 +122,12 @@ def train_stacked(
     reported = None  # (K, T, R) once the first step tells R
 
     for t in range(total_steps):
+        # The gather stays outside the step: the round's data (x_all) changes size with the
+        # sampled clients, and a compiled step must only ever see the same shapes.
+        step_rows = rows[:, t]
         params, buffers, momentum_bufs, values = step(
-            params, buffers, anchor, momentum_bufs, x_all, y_all,
-            rows[:, t].contiguous(), row_masks[:, t].contiguous(), active[:, t].contiguous())
+            params, buffers, anchor, momentum_bufs, x_all[step_rows], y_all[step_rows],
+            row_masks[:, t].contiguous(), active[:, t].contiguous())
         if reported is None:
             reported = values.new_zeros(len(lanes), total_steps, values.shape[1])
         reported[:, t] = values
@@ -191,10 +195,10 @@ def make_step(
 
     per_client_grads = vmap(grad_and_value(client_loss, has_aux=True))
 
-    def step(params, buffers, anchor, momentum_bufs, x_all, y_all, rows, row_mask, active):
-        """(params, buffers, momentum buffers, reported values) after one step."""
+    def step(params, buffers, anchor, momentum_bufs, xb, yb, row_mask, active):
+        """(params, buffers, momentum buffers, reported values) after one step on (K, B) rows."""
         grads, (_, (reported, stats)) = per_client_grads(
-            params, buffers, anchor, x_all[rows], y_all[rows], row_mask)
+            params, buffers, anchor, xb, yb, row_mask)
         on = {}  # the client mask broadcast to each tensor's rank, built once per rank
 
         def keep(new, old):

@@ -7,6 +7,7 @@ from torch import nn
 
 from flnotes.algorithms import build_strategy
 from flnotes.config import RunConfig
+from flnotes.sim import run, sample_clients
 from flnotes.tasks import Task
 from flnotes.train import train_clients_loop
 from flnotes.train_compiled import train_group_compiled
@@ -79,31 +80,33 @@ class TinyBatchNormNet(nn.Module):
         return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
 
 
-def tiny_bn_task() -> Task:
+def tiny_bn_task(num_clients: int = 5) -> Task:
+    """Unequal clients (6, 10, 14, ... rows: short last batches of 2 at batch size 4)."""
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(40, 1, 6, 6, generator=g), torch.randint(0, 4, (40,), generator=g)
-    parts = [torch.arange(0, 19), torch.arange(19, 31), torch.arange(31, 40)]  # unequal
+    sizes = [6 + 4 * k for k in range(num_clients)]
+    ends = torch.tensor(sizes).cumsum(0).tolist()
+    x = torch.randn(ends[-1], 1, 6, 6, generator=g)
+    y = torch.randint(0, 4, (ends[-1],), generator=g)
+    parts = [torch.arange(end - size, end) for size, end in zip(sizes, ends, strict=True)]
     return Task("tiny", TinyBatchNormNet, x, y, parts, x[:8], y[:8], 4)
 
 
-def test_compiled_step_equals_loop_over_rounds():
+def test_compiled_step_equals_loop_over_rounds(monkeypatch):
+    # Different clients every round (so the round's data differ in size) must reuse the one
+    # compiled step: a recompilation is an error here. (A round with a batch of ONE row
+    # compiles a second variant, for BatchNorm's 1-row check; these clients have none.)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    config = RunConfig(**{**BASE, "num_clients": 5, "rounds": 3, "batch_size": 4,
+                          "compile": "default"})
     task = tiny_bn_task()
-    config = RunConfig(**{**BASE, "compile": "default"}).resolved()
-    torch.manual_seed(0)
-    start = task.model_factory().state_dict()
-    loop_strategy, fast_strategy = build_strategy(config, start), build_strategy(config, start)
-    clients = [0, 1, 2]
-    for rnd in (1, 2):  # the second round reuses the compiled step
-        loop = train_clients_loop(task, loop_strategy, rnd, clients,
-                                  loop_strategy.dispatch(rnd, clients), config)
-        fast = train_clients_vmap(task, fast_strategy, rnd, clients,
-                                  fast_strategy.dispatch(rnd, clients), config)
-        for a, b in zip(loop, fast, strict=True):
-            for name, t in a.state.items():
-                torch.testing.assert_close(b.state[name], t, atol=1e-5, rtol=1e-4)
-            assert b.train_loss == pytest.approx(a.train_loss, rel=1e-5)
-        loop_strategy.aggregate(rnd, loop)
-        fast_strategy.aggregate(rnd, fast)
+    loop = run(config.replace(backend="loop", compile="off"), progress=False, task=tiny_bn_task())
+    fast = run(config, progress=False, task=task)
+    assert len({tuple(sample_clients(config, r)) for r in (1, 2, 3)}) > 1
+    for a, b in zip(loop.rows, fast.rows, strict=True):
+        for key in ("train_loss", "accuracy", "loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["round"], key)
+    for name, t in loop.final_state.items():
+        torch.testing.assert_close(fast.final_state[name], t, atol=1e-5, rtol=1e-4)
     steps = [v[0] for k, v in task.backend_cache.items() if k[0] == "stacked-step"]
     assert len(steps) == 1  # built and compiled once for the run
     assert hasattr(steps[0], "_torchdynamo_orig_callable")  # it is torch.compile's
