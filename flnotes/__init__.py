@@ -3,6 +3,7 @@
 from flnotes.config import RunConfig
 from flnotes.history import History
 from flnotes.sim import run
+from flnotes.stacked import run_seeds
 
 __version__ = "0.1.0"
-__all__ = ["History", "RunConfig", "run", "__version__"]
+__all__ = ["History", "RunConfig", "run", "run_seeds", "__version__"]

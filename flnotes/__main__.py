@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="run one federated training")
     p_run.add_argument("--preset", help="start from a named preset (see `presets`)")
     p_run.add_argument("--seeds", type=_seed_list, metavar="S1,S2,...",
-                       help="run these seeds stacked into one batched run (vmap backend; "
-                            "worth it on a GPU) and print mean +- std")
+                       help="run these seeds and print mean +- std; with the vmap backend "
+                            "(the default on a GPU) their clients train as one stack")
     add_config_flags(p_run)
     p_run.set_defaults(func=cmd_run)
     p_demo = sub.add_parser("demo", help="the quick-start job (small run + toy notebooks)")

@@ -13,7 +13,8 @@ and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal
 What shares the stack: strategies whose local objective is one function for every seed
 (FedAvg, FedProx, FedMut, FedQP, FedMR). FedUp's penalty reads each run's own previous
 global model and FML trains two models per client, so those train run by run inside the
-same lockstep round. ``backend="loop"`` runs the seeds one after another with :func:`run`.
+same lockstep round. Where the backend resolves to the loop (``backend="loop"``, or
+``"auto"`` on a CPU, where the loop is faster), the seeds run one after another.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 from flnotes.algorithms.base import ClientResult
 from flnotes.history import History
 from flnotes.sim import Simulation, run
-from flnotes.train import train_clients
+from flnotes.train import resolve_backend, train_clients
 from flnotes.train_compiled import client_lanes, supervised_objective, train_stacked
 
 
@@ -43,7 +44,7 @@ def seed_configs(config, seeds: list[int]) -> list:
 def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[History]:
     """Run ``config`` once per seed, the seeds' clients trained together; one History each."""
     configs = seed_configs(config, seeds)
-    if config.backend == "loop":  # the reference path: nothing to stack
+    if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
         return [run(c, progress=progress) for c in configs]
     sims = [Simulation(c) for c in configs]
     waiting = [sim for sim in sims if sim.running]

@@ -15,6 +15,10 @@ clients' forward and backward at once through ``torch.func.functional_call`` und
   buf = momentum*buf + d; p -= lr*buf;
 - BatchNorm running statistics are updated per client from the batch statistics
   (:mod:`flnotes.functional`), as nn.BatchNorm does in train mode.
+
+With ``config.compile`` set, and for FML's two models per client, a group trains on the
+fixed-shape step of :mod:`flnotes.train_compiled` instead (every client in every step,
+finished ones frozen by a mask), which torch.compile can compile once per run.
 """
 
 from __future__ import annotations

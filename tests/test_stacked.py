@@ -65,3 +65,14 @@ def test_seed_list_is_checked(tiny_config):
         seed_configs(tiny_config, [])
     with pytest.raises(ValueError, match="twice"):
         seed_configs(tiny_config, [1, 1])
+
+
+def test_auto_on_a_cpu_runs_the_seeds_in_turn(tiny_config, monkeypatch):
+    # "auto" resolves to the loop on a CPU (faster there): nothing is stacked, so the
+    # results are the reference loop's to the bit.
+    monkeypatch.setattr(stacked_module, "train_stacked", None)  # would fail if called
+    histories = run_seeds(tiny_config.replace(rounds=2), [5, 6], progress=False)
+    for seed, history in zip([5, 6], histories, strict=True):
+        single = run(tiny_config.replace(rounds=2, seed=seed), progress=False)
+        strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+        assert strip(history.rows) == strip(single.rows)
