@@ -13,6 +13,8 @@ A grid file::
         iid: {partition: iid}
         CIFAR-100/q=0.3: {dataset: cifar100, labels: {dataset: CIFAR-100}}  # more labels
     seeds: [0, 1, 2]                 # one cell per seed (injected as seeds=[s] or seed=s)
+    stack_seeds: false               # true: one cell with seeds=[0, 1, 2], which the notebook
+                                     #   runs stacked into one batched run (flnotes.stacked)
     smoke: {fixed: {...}, grid: {...}, seeds: [0]}   # --smoke: overrides for a CPU check
 
 ``preset`` (in fixed or in a bundle) expands to that preset's RunConfig fields
@@ -39,8 +41,8 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seeds", "smoke",
-             "description"}
-SMOKE_KEYS = {"fixed", "grid", "seeds", "labels"}
+             "description", "stack_seeds"}
+SMOKE_KEYS = {"fixed", "grid", "seeds", "labels", "stack_seeds"}
 RESERVED = {"output_dir", "seeds", "seed"}  # set by the sweep itself
 PSEUDO = {"preset", "labels"}  # grid keys that are not notebook parameters
 
@@ -56,7 +58,8 @@ class Cell:
     id: str
     parameters: dict[str, Any]
     labels: dict[str, str]
-    seed: int
+    seed: int  # the cell's (first) seed
+    seeds: list[int] = field(default_factory=list)  # every seed it runs (stack_seeds: several)
 
 
 @dataclass
@@ -85,10 +88,12 @@ def notebook_parameters(notebook: Path) -> set[str]:
     return set(pm.inspect_notebook(str(notebook)))
 
 
-def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = None) -> Grid:
+def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = None,
+              stack_seeds: bool | None = None) -> Grid:
     """Read and check a grid file; raise GridError naming every problem before anything runs.
 
-    ``overrides`` (command line ``--set KEY=VALUE``) win over every value of the grid.
+    ``overrides`` (command line ``--set KEY=VALUE``) win over every value of the grid, and
+    ``stack_seeds`` (``--stack-seeds``), when not None, over the grid's ``stack_seeds``.
     """
     path = Path(path)
     if not path.is_file():
@@ -100,6 +105,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
                 for k in spec if k not in GRID_KEYS]
     fixed, axes = dict(spec.get("fixed") or {}), dict(spec.get("grid") or {})
     labels, seeds = dict(spec.get("labels") or {}), spec.get("seeds", [0])
+    stack = spec.get("stack_seeds", False)
     if smoke:
         over = spec.get("smoke")
         if not isinstance(over, dict):
@@ -111,6 +117,9 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
         axes.update(over.get("grid") or {})  # an axis given here replaces the same axis
         labels.update(over.get("labels") or {})
         seeds = over.get("seeds", seeds)
+        stack = over.get("stack_seeds", stack)
+    if stack_seeds is not None:
+        stack = stack_seeds
     notebook = find_notebook(str(spec.get("notebook", "")), path)
     if not spec.get("notebook"):
         problems.append("no 'notebook' given")
@@ -126,6 +135,11 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     if not isinstance(seeds, list) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         problems.append(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    if not isinstance(stack, bool):
+        problems.append(f"'stack_seeds' must be true or false, got {stack!r}")
+    elif stack and notebook is not None and _seed_parameter(notebook) != "seeds":
+        problems.append(f"'stack_seeds' needs a notebook with a 'seeds' parameter; "
+                        f"{notebook.name} takes one 'seed'")
     problems += _axis_problems(axes)
     overrides = dict(overrides or {})
     if notebook is not None:
@@ -138,7 +152,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     known = notebook_parameters(notebook)
     try:
         grid.cells = expand(fixed, axes, seeds, labels, seed_parameter=_seed_parameter(notebook),
-                            known=known, overrides=overrides)
+                            known=known, overrides=overrides, stack_seeds=stack)
     except ValueError as err:  # an unknown preset, or preset fields with nowhere to go
         raise GridError(f"{path}: {err}") from err
     return grid
@@ -193,8 +207,11 @@ def _slug(text: str) -> str:
 
 def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None,
            seed_parameter: str = "seeds", known: set[str] | None = None,
-           overrides: dict | None = None) -> list[Cell]:
-    """Cross the axes (seeds outermost, so every setting's first seed runs first)."""
+           overrides: dict | None = None, stack_seeds: bool = False) -> list[Cell]:
+    """Cross the axes (seeds outermost, so every setting's first seed runs first).
+
+    With ``stack_seeds`` every setting is one cell that runs all the seeds.
+    """
     choices = []
     for name, values in axes.items():
         if isinstance(values, dict):
@@ -202,7 +219,7 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
         else:
             choices.append([(name, _label(v), {name: v}) for v in values])
     cells = []
-    for seed in seeds:
+    for group in [list(seeds)] if stack_seeds else [[seed] for seed in seeds]:
         for combo in itertools.product(*choices):
             cell_labels = dict(labels or {})
             for axis, label, bundle in combo:
@@ -210,11 +227,12 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
                 cell_labels.update(bundle.get("labels") or {})
             layers = [fixed, *(bundle for _, _, bundle in combo), overrides or {}]
             params = resolve_parameters(layers, known)
-            params[seed_parameter] = [seed] if seed_parameter == "seeds" else seed
+            params[seed_parameter] = group if seed_parameter == "seeds" else group[0]
             digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
             name = "_".join(_slug(label) for _, label, _ in combo)
-            cell_id = f"{name + '_' if name else ''}seed{seed}-{digest.hexdigest()[:8]}"
-            cells.append(Cell(cell_id, params, cell_labels, seed))
+            seed_tag = "seed" + "+".join(map(str, group))
+            cell_id = f"{name + '_' if name else ''}{seed_tag}-{digest.hexdigest()[:8]}"
+            cells.append(Cell(cell_id, params, cell_labels, group[0], group))
     return cells
 
 

@@ -182,7 +182,9 @@ def summarise(records: list[dict], out: Path):
     for r in records:
         mine = runs[runs["run_dir"].str.startswith(str(out / "cells" / r["id"]) + os.sep)] \
             if runs is not None and len(runs) else None
-        rows.append({"cell": r["id"], **r.get("labels", {}), "seed": r.get("seed"),
+        seeds = r.get("seeds") or [r.get("seed")]
+        rows.append({"cell": r["id"], **r.get("labels", {}),
+                     "seed": seeds[0] if len(seeds) == 1 else ",".join(map(str, seeds)),
                      "status": "skipped (done)" if r.get("skipped") else r["status"],
                      "seconds": r.get("seconds"),
                      "acc_last10": None if mine is None or not len(mine)
@@ -208,6 +210,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="KEY=VALUE", help="override a parameter in every cell (YAML "
                         "value), e.g. --set data_dir=/data/cifar10 --set rounds=50")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    parser.add_argument("--stack-seeds", action="store_true", default=None,
+                        help="one cell per setting running all its seeds as one batched run "
+                        "(the grid's stack_seeds: true; pays on a GPU)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -220,7 +225,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not sep:
             raise GridError(f"--set expects KEY=VALUE, got {item!r}")
         overrides[key.strip()] = yaml.safe_load(value)
-    grid = load_grid(args.grid, smoke=args.smoke, overrides=overrides)
+    grid = load_grid(args.grid, smoke=args.smoke, overrides=overrides,
+                     stack_seeds=getattr(args, "stack_seeds", None))
     if args.dry_run:
         cells = [c for c in grid.cells if not args.only or any(t in c.id for t in args.only)]
         for cell in cells:

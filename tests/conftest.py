@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny synthetic federation that trains in a fraction of a second."""
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,15 @@ from flnotes.config import RunConfig
 # and it keeps CPU results independent of the machine's core count.
 torch.set_num_threads(1)
 
+# The backend-equality tests (test_vmap, test_compiled, test_stacked) also run on a GPU:
+# FLNOTES_TEST_DEVICE=cuda python -m pytest tests/test_vmap.py ... CI runs them on the CPU.
+DEVICE = os.environ.get("FLNOTES_TEST_DEVICE", "cpu")
+if DEVICE.startswith("cuda"):
+    # TF32 convolutions/matmuls round to 10 mantissa bits: loop and vmap would then differ
+    # by about 1e-3, far beyond the float32 tolerance the equality tests hold them to.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
 
 @pytest.fixture
 def tiny_config() -> RunConfig:
@@ -16,5 +27,5 @@ def tiny_config() -> RunConfig:
     return RunConfig(
         dataset="synthetic", model="mlp", num_clients=6, clients_per_round=3, rounds=3,
         local_epochs=1, batch_size=32, lr=0.05, momentum=0.5, seed=1,
-        data_options={"num_train": 600, "num_test": 200}, device="cpu",
+        data_options={"num_train": 600, "num_test": 200}, device=DEVICE,
     )

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import DEVICE
 from test_vmap import client_starts, max_difference, random_task
 from torch import nn
 
@@ -14,7 +15,7 @@ from flnotes.train_compiled import train_group_compiled
 from flnotes.train_vmap import train_clients_vmap
 
 BASE = dict(algorithm="fedprox", mu=0.1, num_clients=3, clients_per_round=3, local_epochs=2,
-            batch_size=5, lr=0.05, momentum=0.9, weight_decay=1e-3, device="cpu",
+            batch_size=5, lr=0.05, momentum=0.9, weight_decay=1e-3, device=DEVICE,
             backend="vmap")
 
 
@@ -47,7 +48,7 @@ def test_fixed_shape_step_equals_loop_in_float64(model):
 
 def test_batched_fml_equals_loop_in_float64():
     task = random_task("cnn", 3, 36, torch.float64)
-    task.client_test_indices = [torch.arange(2)] * 3  # FML needs held-out rows to exist
+    task.client_test_indices = [torch.arange(2, device=DEVICE)] * 3  # FML's held-out rows
     config = RunConfig(**{**BASE, "algorithm": "fml", "personal_weight": 0.3,
                           "meme_weight": 0.6}).resolved()
     starts = client_starts(task, 3)
@@ -87,17 +88,24 @@ def tiny_bn_task(num_clients: int = 5) -> Task:
     ends = torch.tensor(sizes).cumsum(0).tolist()
     x = torch.randn(ends[-1], 1, 6, 6, generator=g)
     y = torch.randint(0, 4, (ends[-1],), generator=g)
-    parts = [torch.arange(end - size, end) for size, end in zip(sizes, ends, strict=True)]
-    return Task("tiny", TinyBatchNormNet, x, y, parts, x[:8], y[:8], 4)
+    parts = [torch.arange(end - size, end, device=DEVICE)
+             for size, end in zip(sizes, ends, strict=True)]
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    return Task("tiny", lambda: TinyBatchNormNet().to(DEVICE), x, y, parts, x[:8], y[:8], 4)
 
 
-def test_compiled_step_equals_loop_over_rounds(monkeypatch):
+# CUDA graphs exist only on a GPU (FLNOTES_TEST_DEVICE=cuda); on a CPU the mode is "default".
+MODES = ["default"] + (["reduce-overhead"] if DEVICE.startswith("cuda") else [])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compiled_step_equals_loop_over_rounds(monkeypatch, mode):
     # Different clients every round (so the round's data differ in size) must reuse the one
     # compiled step: a recompilation is an error here. (A round with a batch of ONE row
     # compiles a second variant, for BatchNorm's 1-row check; these clients have none.)
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     config = RunConfig(**{**BASE, "num_clients": 5, "rounds": 3, "batch_size": 4,
-                          "compile": "default"})
+                          "compile": mode})
     task = tiny_bn_task()
     loop = run(config.replace(backend="loop", compile="off"), progress=False, task=tiny_bn_task())
     fast = run(config, progress=False, task=task)

@@ -90,6 +90,7 @@ def test_preset_fields_fill_parameters_and_extra(tmp_path, notebook):
     ({"colour": "red"}, "unknown key 'colour'"),
     ({"paper_table": "nope"}, "unknown paper_table 'nope'"),
     ({"fixed": {"preset": "no-such-preset"}}, "no-such-preset"),
+    ({"stack_seeds": "yes"}, "'stack_seeds' must be true or false"),
 ])
 def test_bad_grids_fail_before_anything_runs(tmp_path, notebook, change, message):
     spec = {"notebook": notebook.name, "grid": {"x": [1, 2]}, "seeds": [0]}
@@ -100,6 +101,29 @@ def test_bad_grids_fail_before_anything_runs(tmp_path, notebook, change, message
     out = tmp_path / "out"
     assert sweep.main([str(path), "--out", str(out)]) == 2
     assert not out.exists()  # nothing ran
+
+
+def test_stack_seeds_makes_one_cell_per_setting(tmp_path, notebook):
+    spec = {"notebook": notebook.name, "grid": {"x": [1, 2]}, "seeds": [4, 0, 9],
+            "stack_seeds": True, "smoke": {"seeds": [1], "stack_seeds": False}}
+    grid = grids.load_grid(write_grid(tmp_path, spec))
+    assert [c.parameters["seeds"] for c in grid.cells] == [[4, 0, 9], [4, 0, 9]]
+    assert [(c.seed, c.seeds) for c in grid.cells] == [(4, [4, 0, 9])] * 2
+    assert len({c.id for c in grid.cells}) == 2 and all("seed4+0+9" in c.id for c in grid.cells)
+    unstacked = grids.load_grid(write_grid(tmp_path, {**spec, "stack_seeds": False}))
+    assert sorted(c.parameters["seeds"] for c in unstacked.cells) == [[0], [0], [4], [4], [9], [9]]
+    smoke = grids.load_grid(write_grid(tmp_path, spec), smoke=True)
+    assert [c.parameters["seeds"] for c in smoke.cells] == [[1], [1]]
+    forced = grids.load_grid(write_grid(tmp_path, {**spec, "stack_seeds": False}),
+                             stack_seeds=True)  # the command line's --stack-seeds
+    assert [c.seeds for c in forced.cells] == [[4, 0, 9]] * 2
+    # A notebook that runs one `seed` cannot take a stack of them.
+    one_seed = tmp_path / "one"
+    one_seed.mkdir()
+    book = write_notebook(one_seed)
+    book.write_text(book.read_text().replace("seeds = [0]", "seed = 0"))
+    with pytest.raises(grids.GridError, match="'stack_seeds' needs a notebook with a 'seeds'"):
+        grids.load_grid(write_grid(one_seed, {**spec, "notebook": str(book)}))
 
 
 def test_unknown_override_and_missing_smoke_section(tmp_path, notebook):

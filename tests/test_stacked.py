@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import flnotes.stacked as stacked_module
 from flnotes.sim import run
@@ -67,6 +68,7 @@ def test_seed_list_is_checked(tiny_config):
         seed_configs(tiny_config, [1, 1])
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="auto means the loop only on a CPU")
 def test_auto_on_a_cpu_runs_the_seeds_in_turn(tiny_config, monkeypatch):
     # "auto" resolves to the loop on a CPU (faster there): nothing is stacked, so the
     # results are the reference loop's to the bit.

@@ -79,7 +79,7 @@ def test_reproduction_notebook_takes_injected_parameters(tmp_path):
                             {"id": "c", "parameters": params, "labels": {}, "seed": 0},
                             str(out), {})
     assert record["status"] == "completed", record.get("error")
-    config = json.loads((out / "runs" / "fedavg-seed0" / "config.json").read_text())
+    config = json.loads((out / "runs" / "fedavg" / "seed0" / "config.json").read_text())
     assert (config["lr"], config["num_clients"], config["rounds"]) == (0.07, 4, 1)
     assert config["weighting"] == "uniform"
-    assert len((out / "runs" / "fedavg-seed0" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert len((out / "runs" / "fedavg" / "seed0" / "metrics.jsonl").read_text().splitlines()) == 1

@@ -5,6 +5,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE
 
 from flnotes.algorithms import algorithm_names, build_strategy
 from flnotes.config import RunConfig
@@ -30,9 +31,10 @@ def random_task(model: str, num_clients: int, num_samples: int, dtype=torch.floa
         x = torch.randn(num_samples, *shape, generator=g, dtype=dtype)
     y = torch.randint(0, classes, (num_samples,), generator=g)
     parts = dirichlet_partition(y, num_clients, alpha=0.1, seed=3, min_size=2)
+    x, y, parts = x.to(DEVICE), y.to(DEVICE), [p.to(DEVICE) for p in parts]
 
     def factory():
-        return build_model(model, classes, shape).to(dtype)
+        return build_model(model, classes, shape).to(DEVICE, dtype)
 
     return Task("random", factory, x, y, parts, x[:8], y[:8], classes)
 
@@ -45,7 +47,7 @@ def client_starts(task: Task, num_clients: int) -> list[OrderedDict]:
     for k in range(num_clients):
         g = torch_generator(0, "start", k)
         starts.append(OrderedDict(
-            (n, t + 0.01 * torch.randn(t.shape, generator=g, dtype=t.dtype)
+            (n, t + 0.01 * torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
              if t.is_floating_point() else t + k)
             for n, t in base.items()))
     return starts
@@ -63,7 +65,7 @@ def compare(model: str, dtype, chunk_size=None, **overrides):
     task = random_task(model, k, 36, dtype)
     values = dict(algorithm="fedprox", mu=0.1, num_clients=k, clients_per_round=k,
                   local_epochs=2, batch_size=4, lr=0.05, momentum=0.9, weight_decay=1e-3,
-                  device="cpu")
+                  device=DEVICE)
     config = RunConfig(**{**values, **overrides}).resolved()
     starts = client_starts(task, k)
     strategy = build_strategy(config, starts[0])
@@ -127,7 +129,7 @@ def test_custom_loss_is_averaged_over_real_rows():
     task = random_task("lstm", 3, 36, torch.float64)
     task.loss_fn = lambda out, y: F.cross_entropy(out, y, label_smoothing=0.2)
     config = RunConfig(num_clients=3, clients_per_round=3, local_epochs=1, batch_size=5,
-                       lr=0.05, momentum=0.5, device="cpu").resolved()
+                       lr=0.05, momentum=0.5, device=DEVICE).resolved()
     starts = client_starts(task, 3)
     strategy = build_strategy(config, starts[0])
     loop = train_clients_loop(task, strategy, 1, [0, 1, 2], starts, config)
