@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
+from tqdm.auto import tqdm
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.functional import StatBatchNorm, StepContext, running_stat_updates, vmap_ready
@@ -158,6 +159,9 @@ def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, ma
         step = make_step(model, ctx, make_objective(), prefixes, lr=config.lr,
                          momentum=config.momentum, weight_decay=config.weight_decay)
         if config.compile != "off":
+            # The first call compiles: seconds on a GPU, minutes for an LSTM on a CPU.
+            tqdm.write(f"flnotes: compiling the training step of {num_clients} clients "
+                       f"(torch.compile mode {config.compile!r}; once per run)")
             step = torch.compile(step, mode=config.compile, dynamic=False)
         cache[full_key] = (step, model, ctx)
     return cache[full_key]
