@@ -41,7 +41,7 @@ from flnotes.functional import StepContext, vmap_ready  # noqa: E402
 from flnotes.models import build_model  # noqa: E402
 from flnotes.tasks import Task  # noqa: E402
 from flnotes.train import train_clients_loop  # noqa: E402
-from flnotes.train_compiled import client_lanes, supervised_objective, train_stacked  # noqa: E402
+from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked  # noqa: E402
 from flnotes.train_vmap import train_clients_vmap  # noqa: E402
 
 # backend name -> (RunConfig.backend, RunConfig.compile)
@@ -122,7 +122,7 @@ def _status_kb(field: str) -> int:
 
 
 def stacked_round(task, strategies, configs, rnd, clients, starts) -> list[list[ClientResult]]:
-    """All seeds' clients as one stack (what flnotes.stacked.run_seeds does each round)."""
+    """All seeds' clients as one stack (what flnotes.seeds.run_seeds does each round)."""
     lanes = [lane for c in configs for lane in client_lanes(task, c, rnd, clients)]
     penalty = strategies[0].local_penalty if strategies[0].has_penalty else None
     states, means = train_stacked(

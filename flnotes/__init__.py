@@ -2,8 +2,8 @@
 
 from flnotes.config import RunConfig
 from flnotes.history import History
+from flnotes.seeds import run_seeds
 from flnotes.sim import run
-from flnotes.stacked import run_seeds
 
 __version__ = "0.1.0"
 __all__ = ["History", "RunConfig", "run", "run_seeds", "__version__"]

@@ -86,7 +86,7 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
     import numpy as np
 
     from flnotes.plots import plot_learning_curves
-    from flnotes.stacked import run_seeds
+    from flnotes.seeds import run_seeds
     from flnotes.tables import run_metrics
 
     if config.run_dir is None:

@@ -79,7 +79,7 @@ class RunConfig:
     backend: str = "auto"
     # torch.compile of the vmap backend's training step: "off", or a torch.compile mode
     # ("default", "reduce-overhead" = CUDA graphs on a GPU, "max-autotune"). Costs a
-    # compilation (about a minute on a CPU) once per run; see flnotes/train_compiled.py.
+    # compilation (about a minute on a CPU) once per run; see flnotes/train_stacked.py.
     compile: str = "off"
     record_states: bool = False  # keep every dispatched/local/global state (toy models)
     run_dir: str | None = None  # None: nothing written to disk

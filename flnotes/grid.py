@@ -14,7 +14,7 @@ A grid file::
         CIFAR-100/q=0.3: {dataset: cifar100, labels: {dataset: CIFAR-100}}  # more labels
     seeds: [0, 1, 2]                 # one cell per seed (injected as seeds=[s] or seed=s)
     stack_seeds: false               # true: one cell with seeds=[0, 1, 2], which the notebook
-                                     #   runs stacked into one batched run (flnotes.stacked)
+                                     #   runs stacked into one batched run (flnotes.seeds)
     smoke: {fixed: {...}, grid: {...}, seeds: [0]}   # --smoke: overrides for a CPU check
 
 ``preset`` (in fixed or in a bundle) expands to that preset's RunConfig fields

@@ -47,7 +47,7 @@ def initial_state(config, task):
 class Simulation:
     """One run between rounds: its task, strategy, History and folder.
 
-    :func:`run` drives one Simulation; :func:`flnotes.stacked.run_seeds` drives several in
+    :func:`run` drives one Simulation; :func:`flnotes.seeds.run_seeds` drives several in
     lockstep and trains their clients together. A round is ``begin_round`` (sample and
     dispatch), training (the caller's), then ``end_round`` (aggregate, evaluate, record).
     """

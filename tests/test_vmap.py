@@ -120,9 +120,6 @@ def test_schedule_reproduces_batch_schedule():
             assert torch.equal(schedule.rows[k, t, : len(idx)], idx + off)
         assert (schedule.sizes[k, len(ref):] == 0).all()
     assert [schedule.active(t) for t in range(8)] == [3, 3, 2, 2, 2, 2, 1, 1]
-    assert schedule.mask(0, 3) is None  # every first batch is full
-    assert torch.equal(schedule.mask(2, 2), torch.tensor([[1.0] * 4, [1, 0, 0, 0]]))
-    assert schedule.mask(4, 2) is None
 
 
 def test_custom_loss_is_averaged_over_real_rows():

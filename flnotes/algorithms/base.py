@@ -40,7 +40,7 @@ class Strategy:
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
     # True when local_penalty depends only on (params, start) and the config, so runs of one
-    # config with different seeds may share it in one stack (flnotes.stacked).
+    # config with different seeds may share it in one stack (flnotes.seeds).
     penalty_is_shared = True
 
     def __init__(self, config, global_state) -> None:

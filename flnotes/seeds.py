@@ -3,12 +3,12 @@
 A paper's table cell is a mean +- std over seeds. Run one after another, every round of
 every seed trains its K clients; stacked, the S runs go through their rounds in lockstep
 and each round trains all S*K clients as one computation on the fixed-shape step of
-:mod:`flnotes.train_compiled` (compiled when ``config.compile`` asks for it). That keeps a
+:mod:`flnotes.train_stacked` (compiled when ``config.compile`` asks for it). That keeps a
 GPU busier; on a CPU it is no faster than running the seeds in turn.
 
 Each seed stays a run of its own: its own partition, client sampling, strategy, History
 and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal
-``run(config.replace(seed=N))`` to float tolerance (tests/test_stacked.py).
+``run(config.replace(seed=N))`` to float tolerance (tests/test_seeds.py).
 
 What shares the stack: strategies whose local objective is one function for every seed
 (FedAvg, FedProx, FedMut, FedQP, FedMR). FedUp's penalty reads each run's own previous
@@ -27,7 +27,7 @@ from flnotes.algorithms.base import ClientResult
 from flnotes.history import History
 from flnotes.sim import Simulation, run
 from flnotes.train import resolve_backend, train_clients
-from flnotes.train_compiled import client_lanes, supervised_objective, train_stacked
+from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked
 
 
 def seed_configs(config, seeds: list[int]) -> list:

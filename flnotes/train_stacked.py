@@ -1,20 +1,24 @@
-"""The vmap backend with ``compile``: one fixed-shape training step, compiled once per run.
+"""Train a stack of client models: one vmap'd SGD step over K clients, optionally compiled.
 
-The eager vmap backend (:mod:`flnotes.train_vmap`) trains the prefix of clients that still
-have steps, so shapes shrink near the end of a round when clients hold unequal data. A
-compiled graph wants fixed shapes (every new shape is another compilation, a minute on a
-CPU), so here every step runs all K clients on a full (K, B) batch with
+Every step runs the K clients (lanes) of a stack on a (K, B) batch with
 
 - a row mask, 1.0 on real rows, that the loss and the BatchNorm statistics respect
-  (a short last batch is padded with the client's own rows, as in the eager backend);
+  (a short last batch is padded with the client's own rows);
 - a client mask, 1.0 while the client still has steps, that freezes finished clients:
-  their weights, momentum buffers and BatchNorm buffers keep their values, so each client
-  does exactly the steps it would do alone.
+  their weights and BatchNorm buffers keep their values, so each client does exactly the
+  steps it would do alone.
 
-A round is then T calls of one function on tensors of the same shapes: one compilation
-per run (the step is cached on the Task) and, with ``compile="reduce-overhead"`` on a
-GPU, a graph that CUDA graphs replay without Python in the loop. Results equal the loop
-backend's to float tolerance (tests/test_compiled.py).
+Lanes are sorted by their number of steps, so the lanes still training are a prefix.
+Eagerly (``compile="off"``) finished lanes leave the stack as soon as they finish. With
+``compile`` set the stack keeps its shape (finished lanes frozen by the mask): a round is
+then T calls of one function on tensors of the same shapes, so torch.compile compiles it
+once per run (the step is cached on the Task) and, with ``compile="reduce-overhead"`` on a
+GPU, CUDA graphs replay it without Python in the loop.
+
+A lane is one client's (data, batch-order generator); the lanes of a stack may come from
+several runs (:mod:`flnotes.seeds`), and a lane may train several models (FML's meme and
+personal model, ``prefixes``). Results equal the loop backend's to float tolerance
+(tests/test_train_stacked.py, tests/test_vmap.py).
 
 Assumption: every parameter gets a gradient (true of every model in the registry).
 torch.optim.SGD skips a parameter whose gradient is None; torch.func.grad returns zeros,
@@ -30,24 +34,9 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 from tqdm.auto import tqdm
 
-from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.functional import StatBatchNorm, StepContext, running_stat_updates, vmap_ready
 from flnotes.train import client_generator
 from flnotes.train_vmap import build_schedule, masked_loss, step_means
-
-
-def train_group_compiled(
-    task, strategy: Strategy, round: int, clients: list[int], starts: list, config
-) -> list[ClientResult]:
-    """Train one group of clients with the cached step (minimising loss + local penalty)."""
-    penalty = strategy.local_penalty if strategy.has_penalty else None
-    key = ("supervised", id(strategy))
-    states, reported = train_stacked(
-        task, client_lanes(task, config, round, clients), {"": starts}, config, key,
-        lambda: supervised_objective(task.loss_fn, penalty), anchored=penalty is not None)
-    counts = [task.num_samples(c) for c in clients]
-    return [ClientResult(c, state, n, loss[0])
-            for c, state, n, loss in zip(clients, states[""], counts, reported, strict=True)]
 
 
 def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callable:
@@ -79,19 +68,25 @@ def train_stacked(
     make_objective: Callable[[], Callable],
     *,
     anchored: bool = False,
+    shrink: bool | None = None,
 ) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
     """Train K lanes (clients), each with one model per prefix of ``starts``, in one stack.
 
     ``lanes`` holds each client's (x, y, generator) (:func:`client_lanes`; several runs'
-    clients may share a stack, :mod:`flnotes.stacked`). ``starts`` maps a prefix ("" for one
+    clients may share a stack, :mod:`flnotes.seeds`). ``starts`` maps a prefix ("" for one
     model; FML: "meme." and "personal.") to the K start states. ``make_objective()`` gives
     ``objective(forward, params, anchor, xb, yb, mask) -> (total loss, reported values)``,
     where ``forward(prefix, x)`` runs that model. Returns the trained states per prefix and,
     per lane, the mean of each reported value over its steps. ``task`` gives the model and
-    keeps the step, built (and compiled) once per ``key`` and shape.
+    keeps the step, built (and compiled) once per ``key`` and shape. ``shrink``: whether
+    finished lanes leave the stack (default: only when not compiling).
     """
     step, model, ctx = _cached_step(task, config, len(lanes), tuple(starts), key,
                                     make_objective)
+    # Most samples (so most steps) first: the lanes still training are always a prefix.
+    order = sorted(range(len(lanes)), key=lambda i: -len(lanes[i][1]))
+    lanes = [lanes[i] for i in order]
+    starts = {prefix: [group[i] for i in order] for prefix, group in starts.items()}
     names = list(model.state_dict().keys())
     param_names = {n for n, _ in model.named_parameters()}
     device = next(iter(model.state_dict().values())).device
@@ -121,22 +116,38 @@ def train_stacked(
     row_masks = torch.where((schedule.sizes == 0)[..., None], True, real).float().to(device)
     active = (schedule.sizes > 0).float().to(device)  # (K, T)
     reported = None  # (K, T, R) once the first step tells R
+    # Eagerly, finished lanes leave the stack (no work for them). A compiled step keeps
+    # every lane, frozen by the client mask: one shape, one compilation.
+    shrink = config.compile == "off" if shrink is None else shrink
+    width, finished = len(lanes), []  # finished: states of lanes that left, latest last
 
     for t in range(total_steps):
+        if shrink and schedule.active(t) < width:
+            new_width = schedule.active(t)
+            finished.append({n: v[new_width:width] for n, v in {**params, **buffers}.items()})
+            params, buffers, anchor, momentum_bufs = (
+                {n: v[:new_width] for n, v in d.items()}
+                for d in (params, buffers, anchor, momentum_bufs))
+            width = new_width
         # The gather stays outside the step: the round's data (x_all) changes size with the
         # sampled clients, and a compiled step must only ever see the same shapes.
-        step_rows = rows[:, t]
+        step_rows = rows[:width, t]
         params, buffers, momentum_bufs, values = step(
             params, buffers, anchor, momentum_bufs, x_all[step_rows], y_all[step_rows],
-            row_masks[:, t].contiguous(), active[:, t].contiguous())
+            row_masks[:width, t].contiguous(), active[:width, t].contiguous())
         if reported is None:
             reported = values.new_zeros(len(lanes), total_steps, values.shape[1])
-        reported[:, t] = values
+        reported[:width, t] = values
 
-    merged = {**params, **buffers}
-    states = {prefix: [OrderedDict((n, merged[prefix + n][k].detach().clone()) for n in names)
-                       for k in range(len(lanes))] for prefix in starts}
-    return states, step_means(reported, schedule.steps)
+    # Lanes in stack order: those still there, then each group that left, latest first.
+    merged = {n: torch.cat([v, *(part[n] for part in reversed(finished))])
+              for n, v in {**params, **buffers}.items()}
+    means = step_means(reported, schedule.steps)
+    place = {lane: k for k, lane in enumerate(order)}  # caller's index -> stack position
+    states = {prefix: [OrderedDict((n, merged[prefix + n][place[i]].detach().clone())
+                                   for n in names) for i in range(len(lanes))]
+              for prefix in starts}
+    return states, [means[place[i]] for i in range(len(lanes))]
 
 
 def _unprefixed(name: str, starts: dict) -> str:

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import DEVICE
 
-import flnotes.stacked as stacked_module
+import flnotes.seeds as seeds_module
+from flnotes.seeds import run_seeds, seed_configs
 from flnotes.sim import run
-from flnotes.stacked import run_seeds, seed_configs
 from flnotes.train import train_clients
 
 SEEDS = [3, 1, 4]
@@ -32,7 +32,7 @@ def test_stacked_seeds_equal_separate_runs(tiny_config, algorithm, monkeypatch):
     config = tiny_config.replace(algorithm=algorithm, dirichlet_alpha=0.3, batch_size=16,
                                  momentum=0.9, weight_decay=1e-3, mu=0.1, backend="vmap")
     per_run = []
-    monkeypatch.setattr(stacked_module, "train_clients",
+    monkeypatch.setattr(seeds_module, "train_clients",
                         lambda *args: per_run.append(args) or train_clients(*args))
     stacked = run_seeds(config, SEEDS, progress=False)
     # Only fedup falls back to per-run training (3 rounds x 3 seeds); the others stacked.
@@ -72,7 +72,7 @@ def test_seed_list_is_checked(tiny_config):
 def test_auto_on_a_cpu_runs_the_seeds_in_turn(tiny_config, monkeypatch):
     # "auto" resolves to the loop on a CPU (faster there): nothing is stacked, so the
     # results are the reference loop's to the bit.
-    monkeypatch.setattr(stacked_module, "train_stacked", None)  # would fail if called
+    monkeypatch.setattr(seeds_module, "train_stacked", None)  # would fail if called
     histories = run_seeds(tiny_config.replace(rounds=2), [5, 6], progress=False)
     for seed, history in zip([5, 6], histories, strict=True):
         single = run(tiny_config.replace(rounds=2, seed=seed), progress=False)

@@ -11,7 +11,7 @@ from flnotes.config import RunConfig
 from flnotes.sim import run, sample_clients
 from flnotes.tasks import Task
 from flnotes.train import train_clients_loop
-from flnotes.train_compiled import train_group_compiled
+from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked
 from flnotes.train_vmap import train_clients_vmap
 
 BASE = dict(algorithm="fedprox", mu=0.1, num_clients=3, clients_per_round=3, local_epochs=2,
@@ -19,31 +19,27 @@ BASE = dict(algorithm="fedprox", mu=0.1, num_clients=3, clients_per_round=3, loc
             backend="vmap")
 
 
-def by_size(task, clients, starts):
-    """Clients (and their starts) most samples first, the order the vmap backend uses."""
-    order = sorted(range(len(clients)), key=lambda i: -task.num_samples(clients[i]))
-    return order, [clients[i] for i in order], [starts[i] for i in order]
-
-
+@pytest.mark.parametrize("shrink", [True, False])
 @pytest.mark.parametrize("model", ["cnn", "resnet20", "lstm"])
-def test_fixed_shape_step_equals_loop_in_float64(model):
-    # Unequal clients and short batches: the row mask and the client mask (finished clients
-    # frozen: weights, momentum, BatchNorm buffers) must reproduce the loop exactly.
+def test_stacked_step_equals_loop_in_float64(model, shrink):
+    # Unequal clients and short batches. shrink=True: finished clients leave the stack (the
+    # eager path); False: they stay, frozen by the client mask (the compiled path's shape).
+    # Either way weights, momentum and BatchNorm buffers must be exactly the loop's.
     task = random_task(model, 3, 36, torch.float64)
     config = RunConfig(**BASE).resolved()
     starts = client_starts(task, 3)
     strategy = build_strategy(config, starts[0])
-    clients = [2, 0, 1]
+    clients = [2, 0, 1]  # not sorted by size: train_stacked sorts, and answers in this order
     assert len({task.num_samples(c) for c in clients}) == 3
     loop = train_clients_loop(task, strategy, 1, clients, starts, config)
-    order, sorted_clients, sorted_starts = by_size(task, clients, starts)
-    fast = train_group_compiled(task, strategy, 1, sorted_clients, sorted_starts, config)
-    loop = [loop[i] for i in order]
-    assert [r.client for r in fast] == sorted_clients
-    assert max_difference(loop, fast) < 1e-9
-    for a, b in zip(loop, fast, strict=True):
-        assert b.train_loss == pytest.approx(a.train_loss, rel=1e-12)
-        assert b.num_samples == a.num_samples
+    states, means = train_stacked(
+        task, client_lanes(task, config, 1, clients), {"": starts}, config, ("test", shrink),
+        lambda: supervised_objective(task.loss_fn, strategy.local_penalty), anchored=True,
+        shrink=shrink)
+    for k, reference in enumerate(loop):
+        for name, t in reference.state.items():
+            assert float((states[""][k][name].double() - t.double()).abs().max()) < 1e-9
+        assert means[k][0] == pytest.approx(reference.train_loss, rel=1e-12)
 
 
 def test_batched_fml_equals_loop_in_float64():
