@@ -81,15 +81,17 @@ class Task:
         """Accuracy and mean loss of a model on (x, y), in eval mode."""
         was_training = model.training
         model.eval()
-        correct, loss_sum = 0, 0.0
+        # Sums stay on the device until the end: one transfer, not two per batch.
+        correct = torch.zeros((), dtype=torch.long, device=y.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
         for start in range(0, len(y), batch_size):
             out = model(x[start : start + batch_size])
             target = y[start : start + batch_size]
-            loss_sum += float(self.loss_fn(out, target)) * len(target)
-            correct += int((out.argmax(dim=1) == target).sum())
+            loss_sum += self.loss_fn(out, target).double() * len(target)
+            correct += (out.argmax(dim=1) == target).sum()
         model.train(was_training)
         n = max(len(y), 1)
-        return {"accuracy": correct / n, "loss": loss_sum / n}
+        return {"accuracy": int(correct) / n, "loss": float(loss_sum) / n}
 
     def evaluate(self, model: nn.Module, batch_size: int = 1000) -> dict[str, float]:
         """Accuracy and loss on the full test set."""
