@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 from tqdm.auto import tqdm
 
 from flnotes.algorithms.base import ClientResult
@@ -87,10 +88,14 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
             starts += group_starts
         lead = plans[stackable[0]][0]  # seeds share the config: its objective serves all
         penalty = lead.strategy.local_penalty if lead.strategy.has_penalty else None
-        states, means = train_stacked(
-            lead.task, lanes, {"": starts}, lead.config, ("seeds", id(lead.strategy)),
-            lambda: supervised_objective(lead.task.loss_fn, penalty),
-            anchored=penalty is not None)
+        try:
+            states, means = train_stacked(
+                lead.task, lanes, {"": starts}, lead.config, ("seeds", lead.strategy),
+                lambda: supervised_objective(lead.task.loss_fn, penalty),
+                anchored=penalty is not None)
+        except torch.cuda.OutOfMemoryError:  # S x K models did not fit: run by run below,
+            torch.cuda.empty_cache()  # where the vmap backend halves groups that do not fit
+            stackable = []
         lane = 0
         for i in stackable:
             sim, clients, _ = plans[i]
@@ -98,7 +103,7 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
                                    means[lane + k][0]) for k, c in enumerate(clients)]
             lane += len(clients)
     for i, (sim, clients, group_starts) in enumerate(plans):
-        if out[i] is None:  # FedUp, FML: this run's clients on their own
+        if out[i] is None:  # FedUp, FML (or a stack too big): this run's clients alone
             out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,
                                    sim.config)
     return out

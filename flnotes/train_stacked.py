@@ -27,6 +27,7 @@ so with weight decay such a parameter would still decay here.
 
 from __future__ import annotations
 
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -78,8 +79,9 @@ def train_stacked(
     ``objective(forward, params, anchor, xb, yb, mask) -> (total loss, reported values)``,
     where ``forward(prefix, x)`` runs that model. Returns the trained states per prefix and,
     per lane, the mean of each reported value over its steps. ``task`` gives the model and
-    keeps the step, built (and compiled) once per ``key`` and shape. ``shrink``: whether
-    finished lanes leave the stack (default: only when not compiling).
+    keeps the step, built (and compiled) once per ``key`` and shape; a key holds the objects
+    the objective depends on (the strategy itself, never its id, which Python reuses).
+    ``shrink``: whether finished lanes leave the stack (default: only when not compiling).
     """
     step, model, ctx = _cached_step(task, config, len(lanes), tuple(starts), key,
                                     make_objective)
@@ -124,7 +126,9 @@ def train_stacked(
     for t in range(total_steps):
         if shrink and schedule.active(t) < width:
             new_width = schedule.active(t)
-            finished.append({n: v[new_width:width] for n, v in {**params, **buffers}.items()})
+            # Copies, not views: a view would keep this step's whole stack alive.
+            finished.append({n: v[new_width:width].clone()
+                             for n, v in {**params, **buffers}.items()})
             params, buffers, anchor, momentum_bufs = (
                 {n: v[:new_width] for n, v in d.items()}
                 for d in (params, buffers, anchor, momentum_bufs))
@@ -173,9 +177,20 @@ def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, ma
             # The first call compiles: seconds on a GPU, minutes for an LSTM on a CPU.
             tqdm.write(f"flnotes: compiling the training step of {num_clients} clients "
                        f"(torch.compile mode {config.compile!r}; once per run)")
-            step = torch.compile(step, mode=config.compile, dynamic=False)
+            step = torch.compile(_own_code(step), mode=config.compile, dynamic=False)
         cache[full_key] = (step, model, ctx)
     return cache[full_key]
+
+
+def _own_code(fn: Callable) -> Callable:
+    """fn with a code object of its own.
+
+    torch.compile caches compiled graphs per code object, and every step that make_step
+    builds shares one; each setting (lr, penalty, ...) would be one more entry under it,
+    and past torch._dynamo's recompile limit (8) later runs would silently train uncompiled.
+    """
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
 
 
 def make_step(

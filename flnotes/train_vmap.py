@@ -57,8 +57,11 @@ def build_schedule(
     total = max(steps, default=0)
     rows = torch.zeros(len(steps), total, batch_size, dtype=torch.long)
     sizes = torch.zeros(len(steps), total, dtype=torch.long)
-    for k, (batches, offset) in enumerate(zip(per_client, offsets, strict=True)):
-        rows[k] = offset  # padding: the client's own first row, so padded inputs are real data
+    for k, (batches, offset, n) in enumerate(zip(per_client, offsets, num_samples,
+                                                 strict=True)):
+        # Padding: the client's own first row, so padded inputs are real data (a client
+        # with no rows pads with row 0: its offset may be past the end of the data).
+        rows[k] = offset if n > 0 else 0
         for t, idx in enumerate(batches):
             rows[k, t, : len(idx)] = idx + offset
             sizes[k, t] = len(idx)
@@ -131,7 +134,7 @@ def train_group(task, strategy, round, clients, starts, config) -> list[ClientRe
     penalty = strategy.local_penalty if strategy.has_penalty else None
     states, means = train_stacked(
         task, client_lanes(task, config, round, clients), {"": starts}, config,
-        ("supervised", id(strategy)), lambda: supervised_objective(task.loss_fn, penalty),
+        ("supervised", strategy), lambda: supervised_objective(task.loss_fn, penalty),
         anchored=penalty is not None)
     return [ClientResult(c, state, task.num_samples(c), mean[0])
             for c, state, mean in zip(clients, states[""], means, strict=True)]

@@ -44,6 +44,17 @@ def test_stacked_seeds_equal_separate_runs(tiny_config, algorithm, monkeypatch):
     assert len({round(h.rows[-1]["train_loss"], 6) for h in stacked}) == len(SEEDS)
 
 
+def test_a_stack_that_does_not_fit_trains_run_by_run(tiny_config, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(seeds_module, "train_stacked", out_of_memory)
+    config = tiny_config.replace(algorithm="fedmut", rounds=2, backend="vmap")
+    histories = run_seeds(config, [0, 1], progress=False)
+    for seed, history in zip([0, 1], histories, strict=True):
+        assert_same_run(history, run(config.replace(seed=seed), progress=False))
+
+
 def test_stacked_seeds_resume_from_their_own_folders(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedavg", backend="vmap", checkpoint_every=1,
                                  run_dir=str(tmp_path / "cell"))

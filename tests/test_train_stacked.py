@@ -6,6 +6,8 @@ from conftest import DEVICE
 from test_vmap import client_starts, max_difference, random_task
 from torch import nn
 
+import flnotes.train_stacked as train_stacked_module
+import flnotes.train_vmap as train_vmap_module
 from flnotes.algorithms import build_strategy
 from flnotes.config import RunConfig
 from flnotes.sim import run, sample_clients
@@ -64,6 +66,24 @@ def test_batched_fml_equals_loop_in_float64():
     assert any(key[0] == "stacked-step" and key[1] == "fml" for key in task.backend_cache)
 
 
+def test_a_reused_task_never_trains_with_an_old_strategys_step(monkeypatch):
+    # Steps are cached on the Task. Python reuses the id of a freed object, so a key by id
+    # could hand FedProx the step a freed FedAvg left behind (no penalty). Make every id
+    # collide: a key that holds the strategy itself must still tell them apart.
+    for module in (train_vmap_module, train_stacked_module):
+        monkeypatch.setattr(module, "id", lambda obj: 0, raising=False)
+    task = random_task("cnn", 3, 36, torch.float64)
+    starts = client_starts(task, 3)
+    fedavg = RunConfig(**{**BASE, "algorithm": "fedavg"}).resolved()
+    first = build_strategy(fedavg, starts[0])
+    train_clients_vmap(task, first, 1, [0, 1, 2], starts, fedavg)
+    config = RunConfig(**{**BASE, "mu": 10.0}).resolved()  # a penalty that shows
+    strategy = build_strategy(config, starts[0])
+    loop = train_clients_loop(task, strategy, 1, [0, 1, 2], starts, config)
+    fast = train_clients_vmap(task, strategy, 1, [0, 1, 2], starts, config)
+    assert max_difference(loop, fast) < 1e-9
+
+
 class TinyBatchNormNet(nn.Module):
     """Conv + BatchNorm + linear on 6x6 inputs: BatchNorm under compile, cheap to compile."""
 
@@ -114,6 +134,12 @@ def test_compiled_step_equals_loop_over_rounds(monkeypatch, mode):
     steps = [v[0] for k, v in task.backend_cache.items() if k[0] == "stacked-step"]
     assert len(steps) == 1  # built and compiled once for the run
     assert hasattr(steps[0], "_torchdynamo_orig_callable")  # it is torch.compile's
+    # Another setting on the same task: a step with its own code object, so compiled graphs
+    # never pile up under one code object (torch._dynamo gives up after 8 of them).
+    run(config.replace(lr=0.02, rounds=1), progress=False, task=task)
+    steps = [v[0] for k, v in task.backend_cache.items() if k[0] == "stacked-step"]
+    codes = [step._torchdynamo_orig_callable.__code__ for step in steps]
+    assert len(steps) == 2 and codes[0] is not codes[1]  # (equal, but not the same object)
 
 
 def test_compile_needs_the_vmap_backend():

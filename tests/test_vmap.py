@@ -120,6 +120,9 @@ def test_schedule_reproduces_batch_schedule():
             assert torch.equal(schedule.rows[k, t, : len(idx)], idx + off)
         assert (schedule.sizes[k, len(ref):] == 0).all()
     assert [schedule.active(t) for t in range(8)] == [3, 3, 2, 2, 2, 2, 1, 1]
+    # A client with no rows pads with a row that exists (its offset is past the data).
+    empty = build_schedule([13, 0], [0, 13], 1, 4, gens[:2])
+    assert empty.steps == [4, 0] and int(empty.rows.max()) < 13
 
 
 def test_custom_loss_is_averaged_over_real_rows():

@@ -153,7 +153,7 @@ class FML(Strategy):
         states, means = train_stacked(
             task, client_lanes(task, config, round, clients),
             {"meme.": starts, "personal.": personal}, config,
-            ("fml", id(self)), lambda: self.batched_objective(task.loss_fn))
+            ("fml", self), lambda: self.batched_objective(task.loss_fn))
         results = []
         for k, client in enumerate(clients):
             self.personal[client] = states["personal."][k]
