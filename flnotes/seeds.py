@@ -2,9 +2,10 @@
 
 A paper's table cell is a mean +- std over seeds. Run one after another, every round of
 every seed trains its K clients; stacked, the S runs go through their rounds in lockstep
-and each round trains all S*K clients as one computation on the fixed-shape step of
-:mod:`flnotes.train_stacked` (compiled when ``config.compile`` asks for it). That keeps a
-GPU busier; on a CPU it is no faster than running the seeds in turn.
+and each round trains all S*K clients as one stack (:mod:`flnotes.train_stacked`, compiled
+when ``config.compile`` asks for it). That keeps a GPU busier; on a CPU it is no faster
+than running the seeds in turn. Each seed builds its own Task, so the device holds S
+copies of the data.
 
 Each seed stays a run of its own: its own partition, client sampling, strategy, History
 and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal

@@ -89,3 +89,24 @@ def test_auto_on_a_cpu_runs_the_seeds_in_turn(tiny_config, monkeypatch):
         single = run(tiny_config.replace(rounds=2, seed=seed), progress=False)
         strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
         assert strip(history.rows) == strip(single.rows)
+
+
+def test_cli_runs_seeds_and_reports_their_spread(tmp_path, capsys):
+    from flnotes.__main__ import main
+    from flnotes.history import History
+    from flnotes.tables import run_metrics
+
+    code = main(["run", "--seeds", "2,7", "--backend", "vmap", "--device", "cpu",
+                 "--rounds", "2", "--num-clients", "4", "--clients-per-round", "2",
+                 "--data-option", "num_train=400", "--data-option", "num_test=100",
+                 "--run-dir", str(tmp_path / "cell")])
+    out = capsys.readouterr().out
+    assert code == 0
+    means = []
+    for seed in (2, 7):
+        folder = tmp_path / "cell" / f"seed{seed}"
+        assert json.loads((folder / "config.json").read_text())["seed"] == seed
+        means.append(run_metrics(History.load(folder).metric("accuracy"))["last_mean"])
+        assert f"seed {seed}: completed" in out
+    spread = f"over 2 seeds: {sum(means) / 2:.4f} +- {abs(means[0] - means[1]) / 2:.4f}"
+    assert spread in out and (tmp_path / "cell" / "learning_curves.png").exists()
