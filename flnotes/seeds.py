@@ -4,8 +4,8 @@ A paper's table cell is a mean +- std over seeds. Run one after another, every r
 every seed trains its K clients; stacked, the S runs go through their rounds in lockstep
 and each round trains all S*K clients as one stack (:mod:`flnotes.train_stacked`, compiled
 when ``config.compile`` asks for it). That keeps a GPU busier; on a CPU it is no faster
-than running the seeds in turn. Each seed builds its own Task, so the device holds S
-copies of the data.
+than running the seeds in turn. Each seed builds its own Task; seeds whose data come out
+identical (a dataset read from files, whatever the seed) share one copy on the device.
 
 Each seed stays a run of its own: its own partition, client sampling, strategy, History
 and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal
@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from flnotes.algorithms.base import ClientResult
 from flnotes.history import History
 from flnotes.sim import Simulation, run
+from flnotes.tasks import build_task
 from flnotes.train import resolve_backend, train_clients
 from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked
 
@@ -48,7 +49,9 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
     configs = seed_configs(config, seeds)
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
         return [run(c, progress=progress) for c in configs]
-    sims = [Simulation(c) for c in configs]
+    sims: list[Simulation] = []
+    for c in configs:  # one at a time, so at most two copies of the data exist at once
+        sims.append(Simulation(c, task=share_identical_data(build_task(c), sims)))
     waiting = [sim for sim in sims if sim.running]
     first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
     bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
@@ -69,6 +72,17 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
                             s_per_round=f"{seconds:.2f}")
     bar.close()
     return [sim.finish() for sim in sims]
+
+
+def share_identical_data(task, sims: list[Simulation]):
+    """``task`` with its data tensors replaced by an earlier seed's identical ones."""
+    for sim in sims[:1]:
+        for name in ("train_x", "train_y", "test_x", "test_y"):
+            mine, theirs = getattr(task, name), getattr(sim.task, name)
+            if (mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                    and mine.device == theirs.device and torch.equal(mine, theirs)):
+                setattr(task, name, theirs)
+    return task
 
 
 def shares_stack(strategy) -> bool:

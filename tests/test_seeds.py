@@ -1,6 +1,7 @@
 """Seeds stacked into one batched run equal the same seeds run one at a time."""
 
 import json
+import types
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from conftest import DEVICE
 import flnotes.seeds as seeds_module
 from flnotes.seeds import run_seeds, seed_configs
 from flnotes.sim import run
+from flnotes.tasks import build_task
 from flnotes.train import train_clients
 
 SEEDS = [3, 1, 4]
@@ -110,3 +112,27 @@ def test_cli_runs_seeds_and_reports_their_spread(tmp_path, capsys):
         assert f"seed {seed}: completed" in out
     spread = f"over 2 seeds: {sum(means) / 2:.4f} +- {abs(means[0] - means[1]) / 2:.4f}"
     assert spread in out and (tmp_path / "cell" / "learning_curves.png").exists()
+
+
+def test_seeds_share_identical_data(tiny_config, monkeypatch):
+    # A dataset read from files is the same whatever the seed: make the synthetic one so.
+    import flnotes.data
+
+    load = flnotes.data.load_dataset
+    monkeypatch.setattr(flnotes.data, "load_dataset", lambda *a, **k: load(*a, **{**k, "seed": 0}))
+    tasks = []
+    for seed in (1, 2):
+        sims = [types.SimpleNamespace(task=t) for t in tasks]
+        tasks.append(seeds_module.share_identical_data(
+            build_task(tiny_config.replace(seed=seed)), sims))
+    assert tasks[1].train_x is tasks[0].train_x and tasks[1].test_y is tasks[0].test_y
+    assert tasks[1].client_indices[0] is not tasks[0].client_indices[0]  # own partition
+    # With shared data the stacked seeds still equal separate runs.
+    config = tiny_config.replace(algorithm="fedmut", rounds=2, backend="vmap")
+    for seed, history in zip([1, 2], run_seeds(config, [1, 2], progress=False), strict=True):
+        assert_same_run(history, run(config.replace(seed=seed), progress=False))
+    # Different data are never shared.
+    monkeypatch.setattr(flnotes.data, "load_dataset", load)
+    other = seeds_module.share_identical_data(build_task(tiny_config.replace(seed=3)),
+                                              [types.SimpleNamespace(task=tasks[0])])
+    assert other.train_x is not tasks[0].train_x
