@@ -127,7 +127,9 @@ def stacked_round(task, strategies, configs, rnd, clients, starts) -> list[list[
     penalty = strategies[0].local_penalty if strategies[0].has_penalty else None
     states, means = train_stacked(
         task, lanes, {"": [s for group in starts for s in group]}, configs[0], ("bench",),
-        lambda: supervised_objective(task.loss_fn, penalty), anchored=penalty is not None)
+        lambda: supervised_objective(task.loss_fn, penalty),
+        anchors=[s.penalty_anchor(st) for s, group in zip(strategies, starts, strict=True)
+                 for st in group] if penalty is not None else None)
     k = len(clients)
     return [[ClientResult(c, states[""][i * k + j], task.num_samples(c), means[i * k + j][0])
              for j, c in enumerate(clients)] for i in range(len(configs))]
@@ -214,8 +216,8 @@ def main() -> None:
     unknown = set(args.backends.split(",")) - set(BACKENDS)
     if unknown:
         parser.error(f"unknown backends {sorted(unknown)}; choose from {list(BACKENDS)}")
-    if args.seeds > 1 and args.algorithm in ("fml", "fedup"):
-        parser.error("--seeds stacks one shared objective; fml and fedup train run by run")
+    if args.seeds > 1 and args.algorithm == "fml":
+        parser.error("--seeds stacks one model per client; fml trains two")
     if args.model:  # worker: one measurement, one JSON line
         print(json.dumps(measure(args)))
         return

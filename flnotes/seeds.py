@@ -11,11 +11,12 @@ Each seed stays a run of its own: its own partition, client sampling, strategy, 
 and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal
 ``run(config.replace(seed=N))`` to float tolerance (tests/test_seeds.py).
 
-What shares the stack: strategies whose local objective is one function for every seed
-(FedAvg, FedProx, FedMut, FedQP, FedMR). FedUp's penalty reads each run's own previous
-global model and FML trains two models per client, so those train run by run inside the
-same lockstep round. Where the backend resolves to the loop (``backend="loop"``, or
-``"auto"`` on a CPU, where the loop is faster), the seeds run one after another.
+What shares the stack: every strategy that trains one model per client; a penalty's
+run-dependent part (FedUp's previous global model) travels per lane in its anchor
+(``Strategy.penalty_anchor``). FML trains two models per client and has its own batched
+update, so its seeds train run by run inside the same lockstep round. Where the backend
+resolves to the loop (``backend="loop"``, or ``"auto"`` on a CPU, where the loop is
+faster), the seeds run one after another.
 """
 
 from __future__ import annotations
@@ -87,8 +88,7 @@ def share_identical_data(task, sims: list[Simulation]):
 
 def shares_stack(strategy) -> bool:
     """Whether a strategy's clients can train in a stack with other seeds' clients."""
-    return not strategy.custom_local_update and (
-        not strategy.has_penalty or strategy.penalty_is_shared)
+    return not strategy.custom_local_update
 
 
 def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
@@ -96,18 +96,19 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
     out: list[list[ClientResult] | None] = [None] * len(plans)
     stackable = [i for i, (sim, _, _) in enumerate(plans) if shares_stack(sim.strategy)]
     if stackable:
-        lanes, starts = [], []
+        lanes, starts, anchors = [], [], []
         for i in stackable:
             sim, clients, group_starts = plans[i]
             lanes += client_lanes(sim.task, sim.config, rnd, clients)
             starts += group_starts
+            anchors += [sim.strategy.penalty_anchor(s) for s in group_starts]
         lead = plans[stackable[0]][0]  # seeds share the config: its objective serves all
         penalty = lead.strategy.local_penalty if lead.strategy.has_penalty else None
         try:
             states, means = train_stacked(
                 lead.task, lanes, {"": starts}, lead.config, ("seeds", lead.strategy),
                 lambda: supervised_objective(lead.task.loss_fn, penalty),
-                anchored=penalty is not None)
+                anchors=anchors if penalty is not None else None)
         except torch.cuda.OutOfMemoryError:  # S x K models did not fit: run by run below,
             torch.cuda.empty_cache()  # where the vmap backend halves groups that do not fit
             stackable = []
@@ -118,7 +119,7 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
                                    means[lane + k][0]) for k, c in enumerate(clients)]
             lane += len(clients)
     for i, (sim, clients, group_starts) in enumerate(plans):
-        if out[i] is None:  # FedUp, FML (or a stack too big): this run's clients alone
+        if out[i] is None:  # FML (or a stack too big): this run's clients alone
             out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,
                                    sim.config)
     return out

@@ -49,12 +49,16 @@ def local_sgd(
     generator: torch.Generator,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     penalty: Callable[[dict, dict], torch.Tensor | None] | None = None,
+    anchor: dict[str, torch.Tensor] | None = None,
 ) -> tuple[OrderedDict[str, torch.Tensor], float]:
-    """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss."""
+    """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss.
+
+    ``penalty(params, anchor)`` is added to the loss; ``anchor`` defaults to ``start``.
+    """
     model.load_state_dict(start)
     model.train()
     params = dict(model.named_parameters())
-    anchor = {n: start[n].detach() for n in params}
+    anchor = {n: t.detach() for n, t in (start if anchor is None else anchor).items()}
     opt = torch.optim.SGD(params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     losses = []
     for idx in batch_schedule(len(y), epochs, batch_size, generator):
@@ -90,6 +94,7 @@ def train_clients_loop(
             model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
             lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
             generator=generator, loss_fn=task.loss_fn, penalty=penalty,
+            anchor=strategy.penalty_anchor(start) if penalty is not None else None,
         )
         results.append(ClientResult(client, state, len(y), loss))
     return results

@@ -68,7 +68,7 @@ def train_stacked(
     key: tuple,
     make_objective: Callable[[], Callable],
     *,
-    anchored: bool = False,
+    anchors: list[dict] | None = None,
     shrink: bool | None = None,
 ) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
     """Train K lanes (clients), each with one model per prefix of ``starts``, in one stack.
@@ -81,6 +81,7 @@ def train_stacked(
     per lane, the mean of each reported value over its steps. ``task`` gives the model and
     keeps the step, built (and compiled) once per ``key`` and shape; a key holds the objects
     the objective depends on (the strategy itself, never its id, which Python reuses).
+    ``anchors``: each lane's ``penalty_anchor`` (None: the objective has no penalty).
     ``shrink``: whether finished lanes leave the stack (default: only when not compiling).
     """
     step, model, ctx = _cached_step(task, config, len(lanes), tuple(starts), key,
@@ -89,6 +90,7 @@ def train_stacked(
     order = sorted(range(len(lanes)), key=lambda i: -len(lanes[i][1]))
     lanes = [lanes[i] for i in order]
     starts = {prefix: [group[i] for i in order] for prefix, group in starts.items()}
+    anchors = [anchors[i] for i in order] if anchors else None
     names = list(model.state_dict().keys())
     param_names = {n for n, _ in model.named_parameters()}
     device = next(iter(model.state_dict().values())).device
@@ -96,8 +98,9 @@ def train_stacked(
              for prefix, group in starts.items() for n in names}
     params = {n: t for n, t in stack.items() if _unprefixed(n, starts) in param_names}
     buffers = {n: t for n, t in stack.items() if n not in params}
-    # The dispatched states anchor the local penalty (FedProx, FedUp); unused otherwise.
-    anchor = {n: p.clone() for n, p in params.items()} if anchored else {}
+    # What the local penalty (FedProx, FedUp) measures each lane against; unused otherwise.
+    anchor = ({n: torch.stack([a[n] for a in anchors]).to(device) for n in anchors[0]}
+              if anchors else {})
     momentum_bufs = {n: torch.zeros_like(p) for n, p in params.items()}
 
     x_all = torch.cat([x for x, _, _ in lanes]).to(device)

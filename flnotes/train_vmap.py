@@ -135,7 +135,7 @@ def train_group(task, strategy, round, clients, starts, config) -> list[ClientRe
     states, means = train_stacked(
         task, client_lanes(task, config, round, clients), {"": starts}, config,
         ("supervised", strategy), lambda: supervised_objective(task.loss_fn, penalty),
-        anchored=penalty is not None)
+        anchors=[strategy.penalty_anchor(s) for s in starts] if penalty else None)
     return [ClientResult(c, state, task.num_samples(c), mean[0])
             for c, state, mean in zip(clients, states[""], means, strict=True)]
 

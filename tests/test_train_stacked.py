@@ -36,7 +36,8 @@ def test_stacked_step_equals_loop_in_float64(model, shrink):
     loop = train_clients_loop(task, strategy, 1, clients, starts, config)
     states, means = train_stacked(
         task, client_lanes(task, config, 1, clients), {"": starts}, config, ("test", shrink),
-        lambda: supervised_objective(task.loss_fn, strategy.local_penalty), anchored=True,
+        lambda: supervised_objective(task.loss_fn, strategy.local_penalty),
+        anchors=[strategy.penalty_anchor(s) for s in starts],
         shrink=shrink)
     for k, reference in enumerate(loop):
         for name, t in reference.state.items():

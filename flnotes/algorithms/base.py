@@ -39,9 +39,6 @@ class Strategy:
     custom_local_update = False
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
-    # True when local_penalty depends only on (params, start) and the config, so runs of one
-    # config with different seeds may share it in one stack (flnotes.seeds).
-    penalty_is_shared = True
 
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()
@@ -52,10 +49,22 @@ class Strategy:
         """The state each sampled client starts local training from (FedAvg: the global)."""
         return [self.global_state for _ in clients]
 
+    def penalty_anchor(self, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What ``local_penalty`` measures a client against: by default its start state.
+
+        A penalty that also needs run state (FedUp: the previous global model) takes it from
+        here, so that the penalty is a function of (params, anchor) and the config alone:
+        then clients of several runs can train in one stack (flnotes.seeds).
+        """
+        return start
+
     def local_penalty(
-        self, params: dict[str, torch.Tensor], start: dict[str, torch.Tensor]
+        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]
     ) -> torch.Tensor | None:
-        """Extra local loss term over trainable params (None: plain empirical loss)."""
+        """Extra local loss term over trainable params (None: plain empirical loss).
+
+        ``anchor`` is :meth:`penalty_anchor` of the client's start state.
+        """
         return None
 
     def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:

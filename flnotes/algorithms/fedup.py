@@ -47,6 +47,8 @@ import torch
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.fedprox import proximal_term
 
+PREVIOUS = "previous:"  # anchor names of X^(t-1) (a colon never appears in a module path)
+
 
 def upper_bound_penalty(
     params: dict[str, torch.Tensor],
@@ -70,7 +72,6 @@ class FedUp(Strategy):
     name = "fedup"
     default_weighting = "samples"
     default_alpha = 0.01
-    penalty_is_shared = False  # the linear term uses this run's own previous global model
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)
@@ -81,11 +82,14 @@ class FedUp(Strategy):
     def has_penalty(self) -> bool:  # alpha = 0 is exactly FedAvg: skip the extra work
         return self.config.alpha > 0
 
-    def local_penalty(self, params, start):
-        """The linear and quadratic terms of eq. 6 around the dispatched model X^t = start."""
-        return upper_bound_penalty(
-            params, start, self.previous_global, self.config.alpha, self.config.lr
-        )
+    def penalty_anchor(self, start):
+        """X^t (the start state) and, under ``previous:`` names, X^(t-1)."""
+        return {**start, **{PREVIOUS + n: t for n, t in self.previous_global.items()}}
+
+    def local_penalty(self, params, anchor):
+        """The linear and quadratic terms of eq. 6 around the dispatched model X^t."""
+        previous = {n: anchor[PREVIOUS + n] for n in params}
+        return upper_bound_penalty(params, anchor, previous, self.config.alpha, self.config.lr)
 
     def aggregate(self, round: int, results: list[ClientResult]) -> OrderedDict[str, torch.Tensor]:
         """New global X^(t+1); the model dispatched this round becomes X^(t-1) of the next."""
