@@ -139,9 +139,14 @@ def train_stacked(
         # The gather stays outside the step: the round's data (x_all) changes size with the
         # sampled clients, and a compiled step must only ever see the same shapes.
         step_rows = rows[:width, t]
+        row_mask = row_masks[:width, t].contiguous()
+        if shrink and bool((schedule.sizes[:width, t] == config.batch_size).all()):
+            # Every batch full (checked on the CPU: no sync): no mask, so the loss and
+            # BatchNorm take their plain, cheaper form. A compiled step keeps one form.
+            row_mask = None
         params, buffers, momentum_bufs, values = step(
             params, buffers, anchor, momentum_bufs, x_all[step_rows], y_all[step_rows],
-            row_masks[:width, t].contiguous(), active[:width, t].contiguous())
+            row_mask, active[:width, t].contiguous())
         if reported is None:
             reported = values.new_zeros(len(lanes), total_steps, values.shape[1])
         reported[:width, t] = values
@@ -226,12 +231,17 @@ def make_step(
         total, reported = objective(forward, params, anchor, xb, yb, mask)
         return total, (reported, stats)
 
-    per_client_grads = vmap(grad_and_value(client_loss, has_aux=True))
+    grad_fn = grad_and_value(client_loss, has_aux=True)
+    per_client_grads = vmap(grad_fn)
+    full_batch_grads = vmap(grad_fn, in_dims=(0, 0, 0, 0, 0, None))  # row_mask None
 
     def step(params, buffers, anchor, momentum_bufs, xb, yb, row_mask, active):
-        """(params, buffers, momentum buffers, reported values) after one step on (K, B) rows."""
-        grads, (_, (reported, stats)) = per_client_grads(
-            params, buffers, anchor, xb, yb, row_mask)
+        """(params, buffers, momentum buffers, reported values) after one step on (K, B) rows.
+
+        ``row_mask`` None: every batch is full.
+        """
+        grads_of = per_client_grads if row_mask is not None else full_batch_grads
+        grads, (_, (reported, stats)) = grads_of(params, buffers, anchor, xb, yb, row_mask)
         on = {}  # the client mask broadcast to each tensor's rank, built once per rank
 
         def keep(new, old):
