@@ -146,7 +146,7 @@ class FML(Strategy):
 
     def local_update_batched(self, task, round: int, clients: list[int], starts: list,
                              config) -> list[ClientResult]:
-        """Every client's DML at once on the vmap backend's fixed-shape step (same results)."""
+        """Every client's DML at once, as one stack (flnotes.train_stacked); same results."""
         from flnotes.train_stacked import client_lanes, train_stacked  # (import cycle)
 
         personal = [self.personal_state(task, c) for c in clients]
