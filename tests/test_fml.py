@@ -14,15 +14,6 @@ from flnotes.tasks import build_task
 from flnotes.train import batch_schedule, client_generator, train_clients
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: faster for these tiny models on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def fml_config(tiny_config):
     return tiny_config.replace(algorithm="fml", client_test_fraction=0.2)

@@ -24,15 +24,6 @@ from flnotes.tasks import Task, split_clients
 NUM_TRAIN, NUM_TEST = 6000, 2000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: tiny MLP steps gain nothing from more, and on a shared 2-core
-    machine a second spinning thread makes each step about ten times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _install_fashion_mnist() -> str:
     """Try apt-get (root only); returns why it could not, or '' on success."""

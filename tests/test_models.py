@@ -71,16 +71,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Batches of 2 gain nothing from intra-op threads, and on a busy 2-core machine the
-    # threads' spin-waits made this file ~4x slower; restore the setting for other files.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
