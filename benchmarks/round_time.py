@@ -35,13 +35,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flnotes.algorithms import build_strategy  # noqa: E402
-from flnotes.algorithms.base import ClientResult  # noqa: E402
 from flnotes.config import RunConfig  # noqa: E402
 from flnotes.functional import StepContext, vmap_ready  # noqa: E402
 from flnotes.models import build_model  # noqa: E402
 from flnotes.tasks import Task  # noqa: E402
 from flnotes.train import train_clients_loop  # noqa: E402
-from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked  # noqa: E402
+from flnotes.train_stacked import train_supervised  # noqa: E402
 from flnotes.train_vmap import train_clients_vmap  # noqa: E402
 
 # backend name -> (RunConfig.backend, RunConfig.compile)
@@ -121,20 +120,6 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def stacked_round(task, strategies, configs, rnd, clients, starts) -> list[list[ClientResult]]:
-    """All seeds' clients as one stack (what flnotes.seeds.run_seeds does each round)."""
-    lanes = [lane for c in configs for lane in client_lanes(task, c, rnd, clients)]
-    penalty = strategies[0].local_penalty if strategies[0].has_penalty else None
-    states, means = train_stacked(
-        task, lanes, {"": [s for group in starts for s in group]}, configs[0], ("bench",),
-        lambda: supervised_objective(task.loss_fn, penalty),
-        anchors=[s.penalty_anchor(st) for s, group in zip(strategies, starts, strict=True)
-                 for st in group] if penalty is not None else None)
-    k = len(clients)
-    return [[ClientResult(c, states[""][i * k + j], task.num_samples(c), means[i * k + j][0])
-             for j, c in enumerate(clients)] for i in range(len(configs))]
-
-
 def measure(args: argparse.Namespace) -> dict:
     """Time ``args.rounds`` rounds of one (model, backend) after one warm-up round."""
     device = torch.device(args.device)
@@ -160,7 +145,10 @@ def measure(args: argparse.Namespace) -> dict:
             results = [train_clients_vmap(task, strategies[0], rnd, clients, starts[0],
                                           config, chunk_size=args.chunk_size)]
         else:
-            results = stacked_round(task, strategies, configs, rnd, clients, starts)
+            # All seeds' clients as one stack, as flnotes.seeds.run_seeds does each round.
+            results = train_supervised(
+                [(task, s, c, clients, st)
+                 for s, c, st in zip(strategies, configs, starts, strict=True)], rnd)
         for strategy, trained in zip(strategies, results, strict=True):
             strategy.aggregate(rnd, trained)
         sync(device)

@@ -31,7 +31,7 @@ from flnotes.history import History
 from flnotes.sim import Simulation, run
 from flnotes.tasks import build_task
 from flnotes.train import resolve_backend, train_clients
-from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked
+from flnotes.train_stacked import train_supervised
 
 
 def seed_configs(config, seeds: list[int]) -> list:
@@ -96,28 +96,13 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
     out: list[list[ClientResult] | None] = [None] * len(plans)
     stackable = [i for i, (sim, _, _) in enumerate(plans) if shares_stack(sim.strategy)]
     if stackable:
-        lanes, starts, anchors = [], [], []
-        for i in stackable:
-            sim, clients, group_starts = plans[i]
-            lanes += client_lanes(sim.task, sim.config, rnd, clients)
-            starts += group_starts
-            anchors += [sim.strategy.penalty_anchor(s) for s in group_starts]
-        lead = plans[stackable[0]][0]  # seeds share the config: its objective serves all
-        penalty = lead.strategy.local_penalty if lead.strategy.has_penalty else None
+        groups = [(sim.task, sim.strategy, sim.config, clients, starts)
+                  for sim, clients, starts in (plans[i] for i in stackable)]
         try:
-            states, means = train_stacked(
-                lead.task, lanes, {"": starts}, lead.config, ("seeds", lead.strategy),
-                lambda: supervised_objective(lead.task.loss_fn, penalty),
-                anchors=anchors if penalty is not None else None)
+            for i, results in zip(stackable, train_supervised(groups, rnd), strict=True):
+                out[i] = results
         except torch.cuda.OutOfMemoryError:  # S x K models did not fit: run by run below,
             torch.cuda.empty_cache()  # where the vmap backend halves groups that do not fit
-            stackable = []
-        lane = 0
-        for i in stackable:
-            sim, clients, _ = plans[i]
-            out[i] = [ClientResult(c, states[""][lane + k], sim.task.num_samples(c),
-                                   means[lane + k][0]) for k, c in enumerate(clients)]
-            lane += len(clients)
     for i, (sim, clients, group_starts) in enumerate(plans):
         if out[i] is None:  # FML (or a stack too big): this run's clients alone
             out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,

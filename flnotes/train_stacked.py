@@ -35,6 +35,7 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 from tqdm.auto import tqdm
 
+from flnotes.algorithms.base import ClientResult
 from flnotes.functional import StatBatchNorm, StepContext, running_stat_updates, vmap_ready
 from flnotes.train import client_generator
 from flnotes.train_vmap import build_schedule, masked_loss, step_means
@@ -53,6 +54,32 @@ def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callabl
         return total, loss.detach()[None]
 
     return objective
+
+
+def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]]:
+    """Train groups of (task, strategy, config, clients, starts) as one stack of clients.
+
+    One group is a round of one run (the vmap backend); several are the same round of
+    several seeds of one config (flnotes.seeds), whose first strategy's objective serves
+    all: each lane brings its own data, batch order and penalty anchor.
+    """
+    task, strategy, config = groups[0][:3]
+    penalty = strategy.local_penalty if strategy.has_penalty else None
+    lanes, starts, anchors = [], [], []
+    for group_task, group_strategy, group_config, clients, group_starts in groups:
+        lanes += client_lanes(group_task, group_config, round, clients)
+        starts += group_starts
+        anchors += [group_strategy.penalty_anchor(s) for s in group_starts]
+    states, means = train_stacked(
+        task, lanes, {"": starts}, config, ("supervised", strategy),
+        lambda: supervised_objective(task.loss_fn, penalty),
+        anchors=anchors if penalty is not None else None)
+    out, lane = [], 0
+    for group_task, _, _, clients, _ in groups:
+        out.append([ClientResult(c, states[""][lane + k], group_task.num_samples(c),
+                                 means[lane + k][0]) for k, c in enumerate(clients)])
+        lane += len(clients)
+    return out
 
 
 def client_lanes(task, config, round: int, clients: list[int]) -> list[tuple]:

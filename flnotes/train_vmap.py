@@ -124,20 +124,14 @@ def train_clients_vmap(
 
 def train_group(task, strategy, round, clients, starts, config) -> list[ClientResult]:
     """Train one group of clients as one stack (FML: its own batched update, if it has one)."""
-    from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked
+    from flnotes.train_stacked import train_supervised
 
     if strategy.custom_local_update:  # FML's two models per client
         batched = strategy.local_update_batched(task, round, clients, starts, config)
         if batched is None:  # the strategy has no batched path: the reference loop
             batched = train_clients_loop(task, strategy, round, clients, starts, config)
         return batched
-    penalty = strategy.local_penalty if strategy.has_penalty else None
-    states, means = train_stacked(
-        task, client_lanes(task, config, round, clients), {"": starts}, config,
-        ("supervised", strategy), lambda: supervised_objective(task.loss_fn, penalty),
-        anchors=[strategy.penalty_anchor(s) for s in starts] if penalty else None)
-    return [ClientResult(c, state, task.num_samples(c), mean[0])
-            for c, state, mean in zip(clients, states[""], means, strict=True)]
+    return train_supervised([(task, strategy, config, clients, starts)], round)[0]
 
 
 def step_means(values: torch.Tensor | None, steps: list[int]) -> list[list[float]]:

@@ -49,7 +49,7 @@ def test_a_stack_that_does_not_fit_trains_run_by_run(tiny_config, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(seeds_module, "train_stacked", out_of_memory)
+    monkeypatch.setattr(seeds_module, "train_supervised", out_of_memory)
     config = tiny_config.replace(algorithm="fedmut", rounds=2, backend="vmap")
     histories = run_seeds(config, [0, 1], progress=False)
     for seed, history in zip([0, 1], histories, strict=True):
@@ -84,7 +84,7 @@ def test_seed_list_is_checked(tiny_config):
 def test_auto_on_a_cpu_runs_the_seeds_in_turn(tiny_config, monkeypatch):
     # "auto" resolves to the loop on a CPU (faster there): nothing is stacked, so the
     # results are the reference loop's to the bit.
-    monkeypatch.setattr(seeds_module, "train_stacked", None)  # would fail if called
+    monkeypatch.setattr(seeds_module, "train_supervised", None)  # would fail if called
     histories = run_seeds(tiny_config.replace(rounds=2), [5, 6], progress=False)
     for seed, history in zip([5, 6], histories, strict=True):
         single = run(tiny_config.replace(rounds=2, seed=seed), progress=False)
