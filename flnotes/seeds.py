@@ -52,7 +52,8 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
         return [run(c, progress=progress) for c in configs]
     sims: list[Simulation] = []
     for c in configs:  # one at a time, so at most two copies of the data exist at once
-        sims.append(Simulation(c, task=share_identical_data(build_task(c), sims)))
+        first = sims[0].task if sims else None
+        sims.append(Simulation(c, task=share_identical_data(build_task(c), first)))
     waiting = [sim for sim in sims if sim.running]
     first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
     bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
@@ -75,14 +76,13 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
     return [sim.finish() for sim in sims]
 
 
-def share_identical_data(task, sims: list[Simulation]):
-    """``task`` with its data tensors replaced by an earlier seed's identical ones."""
-    for sim in sims[:1]:
-        for name in ("train_x", "train_y", "test_x", "test_y"):
-            mine, theirs = getattr(task, name), getattr(sim.task, name)
-            if (mine.shape == theirs.shape and mine.dtype == theirs.dtype
-                    and mine.device == theirs.device and torch.equal(mine, theirs)):
-                setattr(task, name, theirs)
+def share_identical_data(task, first):
+    """``task`` with its data tensors replaced by ``first``'s (a Task or None) where equal."""
+    for name in ("train_x", "train_y", "test_x", "test_y") if first is not None else ():
+        mine, theirs = getattr(task, name), getattr(first, name)
+        if (mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                and mine.device == theirs.device and torch.equal(mine, theirs)):
+            setattr(task, name, theirs)
     return task
 
 

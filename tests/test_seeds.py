@@ -1,7 +1,6 @@
 """Seeds stacked into one batched run equal the same seeds run one at a time."""
 
 import json
-import types
 
 import pytest
 import torch
@@ -121,9 +120,8 @@ def test_seeds_share_identical_data(tiny_config, monkeypatch):
     monkeypatch.setattr(flnotes.data, "load_dataset", lambda *a, **k: load(*a, **{**k, "seed": 0}))
     tasks = []
     for seed in (1, 2):
-        sims = [types.SimpleNamespace(task=t) for t in tasks]
         tasks.append(seeds_module.share_identical_data(
-            build_task(tiny_config.replace(seed=seed)), sims))
+            build_task(tiny_config.replace(seed=seed)), tasks[0] if tasks else None))
     assert tasks[1].train_x is tasks[0].train_x and tasks[1].test_y is tasks[0].test_y
     assert tasks[1].client_indices[0] is not tasks[0].client_indices[0]  # own partition
     # With shared data the stacked seeds still equal separate runs.
@@ -132,6 +130,5 @@ def test_seeds_share_identical_data(tiny_config, monkeypatch):
         assert_same_run(history, run(config.replace(seed=seed), progress=False))
     # Different data are never shared.
     monkeypatch.setattr(flnotes.data, "load_dataset", load)
-    other = seeds_module.share_identical_data(build_task(tiny_config.replace(seed=3)),
-                                              [types.SimpleNamespace(task=tasks[0])])
+    other = seeds_module.share_identical_data(build_task(tiny_config.replace(seed=3)), tasks[0])
     assert other.train_x is not tasks[0].train_x
