@@ -1,6 +1,7 @@
 """The engine against references: plain SGD, autograd, an uninterrupted run, itself twice."""
 
 import json
+from collections import OrderedDict
 
 import torch
 
@@ -9,7 +10,7 @@ from flnotes.algorithms.fedprox import proximal_term
 from flnotes.config import RunConfig
 from flnotes.rng import torch_generator
 from flnotes.sim import initial_state, run, sample_clients
-from flnotes.state import states_allclose
+from flnotes.state import state_is_finite, states_allclose
 from flnotes.tasks import build_task
 from flnotes.train import client_generator
 
@@ -220,3 +221,20 @@ def test_natural_split_keeps_only_the_chosen_clients_test_rows(tmp_path):
     assert torch.equal(x, data.test_x[data.client_test_indices[1]])
     history = run(config, progress=False, task=task)
     assert "personal_accuracy" in history.rows[-1]
+
+
+def test_state_is_finite_finds_any_bad_float_layer():
+    good = OrderedDict([("w", torch.ones(3)), ("b", torch.zeros(())),
+                        ("n", torch.tensor(2, dtype=torch.long))])
+    assert state_is_finite(good) and state_is_finite(OrderedDict())
+    bad_layers = {"w": torch.tensor([1.0, float("nan"), 0.0]), "b": torch.tensor(-float("inf"))}
+    for name, bad in bad_layers.items():
+        assert not state_is_finite(OrderedDict(good, **{name: bad}))
+
+
+def test_history_to_frame_has_one_row_per_round(tiny_config):
+    history = run(tiny_config.replace(rounds=2), progress=False)
+    frame = history.to_frame()
+    assert frame["round"].tolist() == [1, 2]
+    assert frame["accuracy"].tolist() == history.metric("accuracy")
+    assert set(frame["algorithm"]) == {tiny_config.algorithm}
