@@ -2,36 +2,14 @@
 
 from pathlib import Path
 
-import nbformat
 import pytest
-import yaml
-from nbformat.v4 import new_code_cell, new_notebook
+from helpers import write_grid, write_notebook
 
 from flnotes import grid as grids
 from flnotes import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 GRIDS = sorted((REPO / "sweeps").glob("*.yaml"))
-
-
-def write_notebook(folder: Path, body: str = "pass") -> Path:
-    """A tiny notebook with a parameters cell, like the reproduction notebooks."""
-    params = new_code_cell('x = 1\nlr = 0.1\nfail = False\nextra = {}\nseeds = [0]\n'
-                           'output_dir = None')
-    params.metadata["tags"] = ["parameters"]
-    book = new_notebook(cells=[params, new_code_cell(body)])
-    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                   "language": "python"}
-    path = folder / "tiny.ipynb"
-    nbformat.write(book, path)
-    return path
-
-
-def write_grid(tmp_path: Path, spec: dict, name: str = "grid.yaml") -> Path:
-    """The grid spec as a YAML file."""
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 @pytest.fixture

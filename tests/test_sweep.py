@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_grid import write_grid, write_notebook
+from helpers import write_grid, write_notebook
 
 from flnotes import sweep
 from flnotes.grid import load_grid

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import DEVICE
-from test_vmap import client_starts, max_difference, random_task
+from helpers import client_starts, max_difference, random_task
 from torch import nn
 
 import flnotes.train_stacked as train_stacked_module

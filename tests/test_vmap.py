@@ -1,62 +1,17 @@
 """The vmap backend against the loop backend (the reference): same models, same metrics."""
 
-from collections import OrderedDict
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE
+from helpers import SHAPES, client_starts, max_difference, random_task
 
 from flnotes.algorithms import algorithm_names, build_strategy
 from flnotes.config import RunConfig
-from flnotes.models import build_model
-from flnotes.partition import dirichlet_partition
-from flnotes.rng import torch_generator
 from flnotes.sim import run
-from flnotes.tasks import Task
 from flnotes.train import batch_schedule, client_generator, train_clients_loop
 from flnotes.train_vmap import build_schedule, train_clients_vmap
-
-# model -> one sample's shape (small inputs keep the ResNet and the LSTM cheap)
-SHAPES = {"cnn": (1, 28, 28), "resnet20": (3, 16, 16), "lstm": (6,)}
-
-
-def random_task(model: str, num_clients: int, num_samples: int, dtype=torch.float32) -> Task:
-    """Random inputs of the model's shape, split over clients by a Dirichlet(0.1) partition."""
-    g = torch_generator(0, "test-vmap", model)
-    shape, classes = SHAPES[model], 10
-    if model == "lstm":
-        x = torch.randint(0, classes, (num_samples, *shape), generator=g)
-    else:
-        x = torch.randn(num_samples, *shape, generator=g, dtype=dtype)
-    y = torch.randint(0, classes, (num_samples,), generator=g)
-    parts = dirichlet_partition(y, num_clients, alpha=0.1, seed=3, min_size=2)
-    x, y, parts = x.to(DEVICE), y.to(DEVICE), [p.to(DEVICE) for p in parts]
-
-    def factory():
-        return build_model(model, classes, shape).to(DEVICE, dtype)
-
-    return Task("random", factory, x, y, parts, x[:8], y[:8], classes)
-
-
-def client_starts(task: Task, num_clients: int) -> list[OrderedDict]:
-    """A different start state per client (as FedMut's mutants), integer buffers included."""
-    torch.manual_seed(0)
-    base = task.model_factory().state_dict()
-    starts = []
-    for k in range(num_clients):
-        g = torch_generator(0, "start", k)
-        starts.append(OrderedDict(
-            (n, t + 0.01 * torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
-             if t.is_floating_point() else t + k)
-            for n, t in base.items()))
-    return starts
-
-
-def max_difference(a, b) -> float:
-    """Largest |loop - vmap| over every client and every layer."""
-    return max(float((ra.state[n].double() - rb.state[n].double()).abs().max())
-               for ra, rb in zip(a, b, strict=True) for n in ra.state)
 
 
 def compare(model: str, dtype, chunk_size=None, **overrides):

@@ -1,0 +1,78 @@
+"""Builders shared by several test modules: random tasks and starts for the engine tests,
+tiny notebooks and grid files for the sweep tests."""
+
+from collections import OrderedDict
+from pathlib import Path
+
+import nbformat
+import torch
+import yaml
+from conftest import DEVICE
+from nbformat.v4 import new_code_cell, new_notebook
+
+from flnotes.models import build_model
+from flnotes.partition import dirichlet_partition
+from flnotes.rng import torch_generator
+from flnotes.tasks import Task
+
+# model -> one sample's shape (small inputs keep the ResNet and the LSTM cheap)
+SHAPES = {"cnn": (1, 28, 28), "resnet20": (3, 16, 16), "lstm": (6,)}
+
+
+def random_task(model: str, num_clients: int, num_samples: int, dtype=torch.float32) -> Task:
+    """Random inputs of the model's shape, split over clients by a Dirichlet(0.1) partition."""
+    g = torch_generator(0, "test-vmap", model)
+    shape, classes = SHAPES[model], 10
+    if model == "lstm":
+        x = torch.randint(0, classes, (num_samples, *shape), generator=g)
+    else:
+        x = torch.randn(num_samples, *shape, generator=g, dtype=dtype)
+    y = torch.randint(0, classes, (num_samples,), generator=g)
+    parts = dirichlet_partition(y, num_clients, alpha=0.1, seed=3, min_size=2)
+    x, y, parts = x.to(DEVICE), y.to(DEVICE), [p.to(DEVICE) for p in parts]
+
+    def factory():
+        return build_model(model, classes, shape).to(DEVICE, dtype)
+
+    return Task("random", factory, x, y, parts, x[:8], y[:8], classes)
+
+
+def client_starts(task: Task, num_clients: int) -> list[OrderedDict]:
+    """A different start state per client (as FedMut's mutants), integer buffers included."""
+    torch.manual_seed(0)
+    base = task.model_factory().state_dict()
+    starts = []
+    for k in range(num_clients):
+        g = torch_generator(0, "start", k)
+        starts.append(OrderedDict(
+            (n, t + 0.01 * torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
+             if t.is_floating_point() else t + k)
+            for n, t in base.items()))
+    return starts
+
+
+def max_difference(a, b) -> float:
+    """Largest |loop - vmap| over every client and every layer."""
+    return max(float((ra.state[n].double() - rb.state[n].double()).abs().max())
+               for ra, rb in zip(a, b, strict=True) for n in ra.state)
+
+
+
+def write_notebook(folder: Path, body: str = "pass") -> Path:
+    """A tiny notebook with a parameters cell, like the reproduction notebooks."""
+    params = new_code_cell('x = 1\nlr = 0.1\nfail = False\nextra = {}\nseeds = [0]\n'
+                           'output_dir = None')
+    params.metadata["tags"] = ["parameters"]
+    book = new_notebook(cells=[params, new_code_cell(body)])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    path = folder / "tiny.ipynb"
+    nbformat.write(book, path)
+    return path
+
+
+def write_grid(tmp_path: Path, spec: dict, name: str = "grid.yaml") -> Path:
+    """The grid spec as a YAML file."""
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
