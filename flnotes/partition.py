@@ -57,7 +57,14 @@ def dirichlet_partition(
     min_size: int = 10,
     max_tries: int = 1000,
 ) -> list[torch.Tensor]:
-    """Label-skewed split of Hsu et al. 2019: per class, client shares drawn from Dir(alpha)."""
+    """Label-skewed split: per class, client shares drawn from Dir(alpha), with a size cap.
+
+    This is the per-class scheme of FedML / NIID-Bench (Li et al. 2022), which FedMut's
+    official code uses and FedUp 6.1.1 describes: for each class, shares over the clients
+    are drawn from Dir(alpha) and clients already holding N/K or more samples take no more.
+    (Hsu et al. 2019, often cited for it, draw a class mix per client instead.) The whole
+    draw is repeated until every client has at least ``min_size`` samples.
+    """
     y = _labels_numpy(labels)
     n = len(y)
     _check_num_clients(n, num_clients)

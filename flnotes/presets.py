@@ -56,7 +56,8 @@ def demo() -> dict[str, Any]:
 # A paper preset holds the settings of the paper's whole experimental setup, not only the
 # proposed method's: ``RunConfig.from_preset("fedmut-paper", algorithm="fedprox")`` is the
 # paper's FedProx baseline. Fields a paper does not state keep RunConfig's defaults unless
-# the docstring says otherwise; weighting stays None (each algorithm's own default).
+# the docstring says otherwise; weighting stays None (each algorithm's own default) unless
+# the paper writes one aggregation for every method.
 def _mutation_setup() -> dict[str, Any]:
     """Settings shared by the FedMut/FedQP/FedMR papers (same group, same testbed)."""
     return dict(dataset="cifar10", model="cnn", partition="dirichlet", dirichlet_alpha=0.5,
@@ -212,12 +213,14 @@ def fedup_paper() -> dict[str, Any]:
     q = 0.3 (the first and most skewed CIFAR-10 column); momentum 0 and no weight decay (the
     paper says only "SGD"); FedUp's alpha is not reported: chosen here as about 1/K for
     K local steps, where Theorem 1's error term (alpha*K - 1)^2 vanishes; 500 samples per
-    client / batch 32 is about 16 steps, so alpha = 0.05.
+    client / batch 32 is about 16 steps, so alpha = 0.05. Every method of the table
+    aggregates with the uniform mean, which is how the paper writes FedAvg (eq. 3) and FedUp
+    (Alg. 1 l.9).
     """
     return dict(algorithm="fedup", dataset="cifar10", model="resnet18-gn",
                 partition="dirichlet", dirichlet_alpha=0.3, num_clients=100,
                 clients_per_round=10, rounds=1500, local_epochs=1, batch_size=32, lr=0.2,
-                momentum=0.0, weight_decay=0.0, alpha=0.05)
+                momentum=0.0, weight_decay=0.0, alpha=0.05, weighting="uniform")
 
 
 @preset("fedup-paper-cifar100")

@@ -15,14 +15,14 @@ from flnotes.state import states_allclose
 def test_defaults_and_alpha_zero_has_no_penalty():
     config = RunConfig(algorithm="fedup").resolved()
     assert config.alpha == FedUp.default_alpha > 0
-    assert config.weighting == "samples"
+    assert config.weighting == "uniform"  # Alg. 1 l.9: X^(t+1) = sum (1/m) X_i
     state = OrderedDict(w=torch.zeros(2))
     assert FedUp(config, state).has_penalty
     assert not FedUp(config.replace(alpha=0.0), state).has_penalty
 
 
-def test_alpha_zero_equals_fedavg(tiny_config):
-    a = run(tiny_config.replace(algorithm="fedavg"), progress=False)
+def test_alpha_zero_equals_fedavg_with_uniform_weighting(tiny_config):
+    a = run(tiny_config.replace(algorithm="fedavg", weighting="uniform"), progress=False)
     b = run(tiny_config.replace(algorithm="fedup", alpha=0.0), progress=False)
     assert states_allclose(a.final_state, b.final_state, rtol=0, atol=0)
     assert a.metric("accuracy") == b.metric("accuracy")
@@ -30,13 +30,13 @@ def test_alpha_zero_equals_fedavg(tiny_config):
 
 def test_round_one_equals_fedprox_then_differs(tiny_config):
     # X^(-1) = X^0, so round 1 has no linear term and is FedProx with mu = alpha.
-    one = tiny_config.replace(rounds=1, mu=0.5)
+    one = tiny_config.replace(rounds=1, mu=0.5, weighting="uniform")
     prox = run(one.replace(algorithm="fedprox"), progress=False)
     up = run(one.replace(algorithm="fedup", alpha=0.5), progress=False)
     assert states_allclose(prox.final_state, up.final_state, rtol=0, atol=0)
 
     # From round 2, X^(t-1) != X^t and the linear term changes the result.
-    two = tiny_config.replace(rounds=2, mu=0.5, record_states=True)
+    two = tiny_config.replace(rounds=2, mu=0.5, weighting="uniform", record_states=True)
     prox = run(two.replace(algorithm="fedprox"), progress=False)
     up = run(two.replace(algorithm="fedup", alpha=0.5), progress=False)
     assert states_allclose(prox.trajectory[0]["global"], up.trajectory[0]["global"], 0, 0)

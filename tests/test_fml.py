@@ -34,7 +34,7 @@ def one_round(config, rnd=1, strategy=None, task=None):
 def test_fml_defaults():
     assert FML.name == "fml" and FML.custom_local_update
     assert FML.default_weighting == "uniform"  # FML Alg. 1 l.5: (1/K) sum of memes
-    assert FML.default_client_test_fraction == 0.2
+    assert FML.default_client_test_fraction == 0.1  # official code: val_ratio 0.1
 
 
 def test_kl_gradient_matches_analytic_softmax_difference():

@@ -122,3 +122,6 @@ def test_fedup_paper_values():
     assert values("fedup-paper-femnist", *fields) == (0.02, 20, 1, 1000, 3400, 340)
     assert preset_values("fedup-paper")["model"] == "resnet18-gn"
     assert preset_values("fedup-paper-femnist")["model"] == "femnist-cnn"
+    # eq. 3 (FedAvg) and Alg. 1 l.9 (FedUp) both aggregate with the uniform mean
+    assert {preset_values(n).get("weighting") for n in
+            ("fedup-paper", "fedup-paper-cifar100", "fedup-paper-femnist")} == {"uniform"}

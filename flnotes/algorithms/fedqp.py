@@ -18,7 +18,7 @@ Where we depart from the paper's text:
   the sign shuffles: same seed and p = 0 give FedMut's models bit for bit.
 
 Stability: because projection zeroes negative-side sign mutations, the mean mutant no longer
-sits on the global model but about alpha (1 - p (1 - beta)) / 2 times g ahead of it
+sits on the global model but about alpha (1 - (1 - p) (1 - beta)) / 2 times g ahead of it
 (FedMut's balanced signs average to alpha beta / 2). That acts like server momentum: with
 alpha = 4, p = 0.5, beta = 0.3 it is 1.3 g per round and runs diverged in late rounds on
 Fashion-MNIST (MLP); with alpha = 2 it is 0.65 g and training was stable. The paper says p

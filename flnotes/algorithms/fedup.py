@@ -32,9 +32,9 @@ Decisions (see also DESIGN.md):
   one by that factor; above about 1 the global updates grow geometrically and the run
   diverges (measured: alpha = 0.01 with 120 momentum-0.9 steps per round diverged in round
   3 on Fashion-MNIST). Choose alpha <= (1 - m) / K.
-- Aggregation: weighted by sample count (``weighting="samples"``), like FedAvg on FedML,
-  the platform the paper ran on; Alg. 1 l.9 writes the uniform mean 1/m, available as
-  ``weighting="uniform"``.
+- Aggregation: the uniform mean, as the paper writes it (Alg. 1 l.9: X^(t+1) = sum (1/m)
+  X_i; eq. 3 defines FedAvg's aggregation the same way). FedML, the platform the paper ran
+  on, weights by sample count: ``weighting="samples"``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class FedUp(Strategy):
     """FedAvg whose clients add FedUp's estimated global-loss upper bound to their loss."""
 
     name = "fedup"
-    default_weighting = "samples"
+    default_weighting = "uniform"  # Alg. 1 l.9
     default_alpha = 0.01
 
     def __init__(self, config, global_state) -> None:

@@ -90,7 +90,7 @@ class FML(Strategy):
 
     name = "fml"
     default_weighting = "uniform"  # Alg. 1 l.5: global = (1/K) sum_k meme_k
-    default_client_test_fraction = 0.2  # held-out share for the personal models' accuracy
+    default_client_test_fraction = 0.1  # personal accuracy; the official code's val_ratio 0.1
     custom_local_update = True
 
     def __init__(self, config, global_state) -> None:
@@ -188,7 +188,7 @@ class FML(Strategy):
         if task.client_test_indices is None:
             raise ValueError(
                 "FML reports personal_accuracy on each client's held-out data, but this task "
-                "has none: set client_test_fraction > 0 (FML's default is 0.2)")
+                "has none: set client_test_fraction > 0 (FML's default is 0.1)")
         if not self.personal:
             return {"personal_clients": 0}
         _, model = self._two_models(task)

@@ -70,9 +70,10 @@ def sign_mutations(
     """FedMut Alg. 2: ``num_models`` mutants w + alpha * v * g with balanced shuffled signs.
 
     Per layer the signs are floor(K/2) times +1 and floor(K/2) times -1 + beta, shuffled
-    independently per layer (Alg. 2 l.7-11, eq. 4). For odd K the last model is the plain
-    global one (Alg. 2 l.3-5 puts it first, the official code last; clients are sampled at
-    random either way, so the position carries no meaning).
+    independently per layer (Alg. 2 l.7-11, eq. 4). For odd K one model is the plain global
+    one (Alg. 2 l.3-5 puts it first, the official code last), at a random position drawn
+    after the signs: the sampled clients arrive sorted, so a fixed position would always
+    hand it to the highest-numbered client, where the paper's client list is in random order.
     """
     _check_update(global_state, update)
     pairs = num_models // 2
@@ -88,7 +89,8 @@ def sign_mutations(
         for i in range(2 * pairs)
     ]
     if num_models % 2 == 1:
-        mutants.append(_moved(global_state, {}))
+        position = int(torch.randint(num_models, (1,), generator=generator))
+        mutants.insert(position, _moved(global_state, {}))
     return mutants
 
 
