@@ -66,7 +66,8 @@ class History:
                 if line.strip()]
         final = None
         if (run_dir / "global_model.pt").exists():
-            final = torch.load(run_dir / "global_model.pt", weights_only=True)
+            # On the CPU, whatever device wrote it: a GPU run's folder opens anywhere.
+            final = torch.load(run_dir / "global_model.pt", map_location="cpu", weights_only=True)
         return cls(config=meta["config"], rows=rows, status=meta["status"],
                    environment=meta.get("environment", {}),
                    code_version=meta.get("code_version", ""), run_dir=str(run_dir),

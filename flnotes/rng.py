@@ -8,6 +8,8 @@ uninterrupted run would, and the loop and vmap backends see the same batches.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -29,3 +31,16 @@ def torch_generator(seed: int, *tags: object) -> torch.Generator:
 def numpy_rng(seed: int, *tags: object) -> np.random.Generator:
     """A numpy Generator for the given seed and tags."""
     return np.random.default_rng(derive_seed(seed, *tags))
+
+
+@contextmanager
+def seeded_cpu_rng(seed: int, *tags: object) -> Iterator[None]:
+    """Run a block (a model's initialisation) with the CPU's global generator seeded.
+
+    The generator is restored afterwards. Only the CPU's: models are built on the CPU, and
+    torch.manual_seed would also reseed every GPU's generator, which fork_rng(devices=[])
+    leaves changed.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(derive_seed(seed, *tags))
+        yield

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from flnotes.algorithms import build_strategy
 from flnotes.history import History, code_version, environment_info
-from flnotes.rng import derive_seed, torch_generator
+from flnotes.rng import seeded_cpu_rng, torch_generator
 from flnotes.state import clone_state, state_is_finite
 from flnotes.tasks import build_task, resolve_device
 from flnotes.train import train_clients
@@ -39,8 +39,7 @@ def sample_clients(config, round: int) -> list[int]:
 
 def initial_state(config, task):
     """The round-0 global model, the same for every algorithm given the seed."""
-    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
-        torch.manual_seed(derive_seed(config.seed, "init"))
+    with seeded_cpu_rng(config.seed, "init"):
         return clone_state(task.model_factory().state_dict())
 
 
@@ -179,7 +178,9 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
         (run_dir / "metrics.jsonl").write_text("")
         _write_meta(run_dir, history)
         return 1
-    saved = torch.load(checkpoint, weights_only=True)
+    # Onto this run's device: a run checkpointed on a GPU resumes on a CPU and vice versa.
+    saved = torch.load(checkpoint, map_location=resolve_device(config.device),
+                       weights_only=True)
     strategy.load_state_dict(saved["strategy"])
     history.rows = list(saved["rows"])
     history.status = saved["status"]

@@ -2,12 +2,14 @@
 
 import json
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
 from flnotes.algorithms import build_strategy
 from flnotes.algorithms.fedprox import proximal_term
 from flnotes.config import RunConfig
+from flnotes.history import History
 from flnotes.rng import torch_generator
 from flnotes.sim import initial_state, run, sample_clients
 from flnotes.state import state_is_finite, states_allclose
@@ -133,6 +135,27 @@ def test_resume_after_crash_recomputes_rounds_after_the_checkpoint(
     resumed = run(config.replace(run_dir=str(folder)), progress=False)
     assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
     assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4, 5]
+
+
+def test_run_folders_load_onto_the_resuming_device(tiny_config, tmp_path, monkeypatch):
+    """A folder written on a GPU must resume or open on a CPU: every load names a device."""
+    folder = tmp_path / "r"
+    config = tiny_config.replace(rounds=3, checkpoint_every=1, run_dir=str(folder))
+    run(config.replace(rounds=2), progress=False)
+    targets = []
+    real_load = torch.load
+
+    def load(path, *args, map_location=None, **kwargs):
+        targets.append((Path(path).name, map_location))
+        return real_load(path, *args, map_location=map_location, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    resumed = run(config, progress=False)
+    History.load(folder)
+    assert ("checkpoint.pt", torch.device("cpu")) in targets  # the run's own device
+    assert ("global_model.pt", "cpu") in targets
+    assert all(target is not None for _, target in targets)
+    assert [r["round"] for r in resumed.rows] == [1, 2, 3]
 
 
 def test_finished_run_folder_is_reloaded_not_rerun(tiny_config, tmp_path):

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
-from flnotes.rng import derive_seed
+from flnotes.rng import seeded_cpu_rng
 from flnotes.state import clone_state
 
 
@@ -80,8 +80,7 @@ def mutual_losses(
 
 def initial_personal_state(task, seed: int, client: int) -> OrderedDict[str, torch.Tensor]:
     """A client's fresh personal model, seeded by (seed, client); the global RNG is restored."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "fml-personal", client))
+    with seeded_cpu_rng(seed, "fml-personal", client):
         return clone_state(task.model_factory().state_dict())
 
 
