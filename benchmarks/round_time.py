@@ -166,7 +166,7 @@ def measure(args: argparse.Namespace) -> dict:
         one_round(rnd)
     seconds = (time.perf_counter() - tic) / args.rounds
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
     else:
         peak = _status_kb("VmHWM") * 1024 - base
     steps = args.seeds * args.clients * args.epochs * -(-args.samples // args.batch_size)

@@ -81,6 +81,10 @@ def environment_info(device: torch.device) -> dict[str, Any]:
             "cpu_threads": torch.get_num_threads()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+        # TF32 rounds convolution and matmul inputs to 10 mantissa bits: results (and how
+        # closely the loop and vmap backends agree, ~1e-3 instead of ~1e-6) depend on it.
+        info["tf32_conv"] = bool(torch.backends.cudnn.allow_tf32)
+        info["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
     return info
 
 

@@ -95,14 +95,20 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
     """Each plan's (sim, clients, starts) trained; stackable plans as one computation."""
     out: list[list[ClientResult] | None] = [None] * len(plans)
     stackable = [i for i, (sim, _, _) in enumerate(plans) if shares_stack(sim.strategy)]
-    if stackable:
+    # Once S x K models did not fit, later rounds go run by run at once.
+    cache = plans[stackable[0]][0].task.backend_cache if stackable else {}
+    if stackable and not cache.get("seed-stack-too-big"):
         groups = [(sim.task, sim.strategy, sim.config, clients, starts)
                   for sim, clients, starts in (plans[i] for i in stackable)]
+        too_big = False
         try:
             for i, results in zip(stackable, train_supervised(groups, rnd), strict=True):
                 out[i] = results
-        except torch.cuda.OutOfMemoryError:  # S x K models did not fit: run by run below,
-            torch.cuda.empty_cache()  # where the vmap backend halves groups that do not fit
+        except torch.cuda.OutOfMemoryError:  # run by run below, where the vmap backend
+            too_big = True  # halves groups that do not fit
+        if too_big:
+            cache["seed-stack-too-big"] = True
+            torch.cuda.empty_cache()  # here: the except clause's traceback still held the stack
     for i, (sim, clients, group_starts) in enumerate(plans):
         if out[i] is None:  # FML (or a stack too big): this run's clients alone
             out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,

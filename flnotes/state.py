@@ -61,11 +61,14 @@ def weighted_mean(
         raise ValueError(f"weights must sum to a positive number, got {list(weights)}")
     coeffs = [float(w) / total for w in weights]
     out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    on_device = {}  # the weights copied once per (dtype, device), not once per layer
     for name, first in states[0].items():
         if is_float_layer(first):
             stacked = torch.stack([s[name] for s in states])  # (K, *layer_shape)
-            c = torch.tensor(coeffs, dtype=first.dtype, device=first.device)
-            out[name] = torch.tensordot(c, stacked, dims=1)
+            where = (first.dtype, first.device)
+            if where not in on_device:
+                on_device[where] = torch.tensor(coeffs, dtype=first.dtype, device=first.device)
+            out[name] = torch.tensordot(on_device[where], stacked, dims=1)
         else:
             out[name] = first.clone()
     return out

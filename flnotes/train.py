@@ -4,6 +4,11 @@
 reference: each client in turn, ``torch.optim.SGD`` on its own mini-batches. A faster
 backend must produce the same models from the same seed, so the batch order of every
 client is fixed by :func:`batch_schedule` from (seed, round, client) alone.
+
+"The same" means to float32 rounding (about 1e-6 relative after a round). On a GPU with
+TF32 on (PyTorch's default for cuDNN convolutions, recorded in a run's environment) the
+backends run different kernels at TF32 precision and agree to about 1e-3; turn it off
+(``torch.backends.cudnn.allow_tf32 = False``) for the tighter agreement.
 """
 
 from __future__ import annotations
@@ -20,14 +25,22 @@ from flnotes.state import clone_state
 
 
 def batch_schedule(
-    num_samples: int, epochs: int, batch_size: int, generator: torch.Generator
+    num_samples: int,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    device: torch.device | str | None = None,
 ) -> list[torch.Tensor]:
-    """Row indices of every local step: a fresh shuffle per epoch, last batch may be short."""
-    steps = []
-    for _ in range(epochs):
-        perm = torch.randperm(num_samples, generator=generator)
-        steps.extend(perm[s : s + batch_size] for s in range(0, num_samples, batch_size))
-    return steps
+    """Row indices of every local step: a fresh shuffle per epoch, last batch may be short.
+
+    With ``device`` the indices go there in one copy: a copy per step would make a GPU
+    finish the previous step first.
+    """
+    order = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(epochs)])
+    if device is not None:
+        order = order.to(device)
+    return [order[e * num_samples + s: e * num_samples + min(s + batch_size, num_samples)]
+            for e in range(epochs) for s in range(0, num_samples, batch_size)]
 
 
 def client_generator(config, round: int, client: int) -> torch.Generator:
@@ -61,8 +74,7 @@ def local_sgd(
     anchor = {n: t.detach() for n, t in (start if anchor is None else anchor).items()}
     opt = torch.optim.SGD(params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     losses = []
-    for idx in batch_schedule(len(y), epochs, batch_size, generator):
-        idx = idx.to(x.device)
+    for idx in batch_schedule(len(y), epochs, batch_size, generator, x.device):
         loss = loss_fn(model(x[idx]), y[idx])
         total = loss
         if penalty is not None:

@@ -126,9 +126,23 @@ def train_stacked(
     params = {n: t for n, t in stack.items() if _unprefixed(n, starts) in param_names}
     buffers = {n: t for n, t in stack.items() if n not in params}
     # What the local penalty (FedProx, FedUp) measures each lane against; unused otherwise.
-    anchor = ({n: torch.stack([a[n] for a in anchors]).to(device) for n in anchors[0]}
-              if anchors else {})
-    momentum_bufs = {n: torch.zeros_like(p) for n, p in params.items()}
+    # An anchor entry that is the lanes' start tensors reuses their stack (steps never
+    # change a tensor in place), so FedProx keeps no third copy of the start models.
+    anchor = {}
+    for n in anchors[0] if anchors else ():
+        if n in buffers:
+            continue  # penalties measure trainable parameters only
+        shared = "" in starts and n in stack and all(
+            a[n] is s[n] for a, s in zip(anchors, starts[""], strict=True))
+        anchor[n] = stack[n] if shared else torch.stack([a[n] for a in anchors]).to(device)
+        if shared and n in params:
+            # The first step's own copy: a compiled step is specialised on its inputs not
+            # aliasing each other, and from the second step on they do not.
+            params[n] = params[n].clone()
+    del stack  # params and buffers are replaced after the first step
+    # SGD without momentum keeps no buffers (the step never reads them).
+    momentum_bufs = ({n: torch.zeros_like(p) for n, p in params.items()}
+                     if config.momentum != 0 else {})
 
     x_all = torch.cat([x for x, _, _ in lanes]).to(device)
     y_all = torch.cat([y for _, y, _ in lanes]).to(device)
@@ -178,13 +192,17 @@ def train_stacked(
             reported = values.new_zeros(len(lanes), total_steps, values.shape[1])
         reported[:width, t] = values
 
+    del anchor, momentum_bufs
     # Lanes in stack order: those still there, then each group that left, latest first.
-    merged = {n: torch.cat([v, *(part[n] for part in reversed(finished))])
-              for n, v in {**params, **buffers}.items()}
+    # Each lane's tensors are cloned out of its part (no concatenation, one copy): a clone
+    # owns its memory, and a compiled step's CUDA graph overwrites its outputs next replay.
+    parts = [{**params, **buffers}, *reversed(finished)]
+    located = [(part, row) for part in parts for row in range(len(next(iter(part.values()))))]
     means = step_means(reported, schedule.steps)
     place = {lane: k for k, lane in enumerate(order)}  # caller's index -> stack position
-    states = {prefix: [OrderedDict((n, merged[prefix + n][place[i]].detach().clone())
-                                   for n in names) for i in range(len(lanes))]
+    states = {prefix: [OrderedDict((n, located[place[i]][0][prefix + n]
+                                    [located[place[i]][1]].detach().clone()) for n in names)
+                       for i in range(len(lanes))]
               for prefix in starts}
     return states, [means[place[i]] for i in range(len(lanes))]
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from flnotes.algorithms.base import ClientResult, Strategy
-from flnotes.train import batch_schedule, train_clients_loop
+from flnotes.train import train_clients_loop
 
 
 @dataclass
@@ -50,21 +50,30 @@ class Schedule:
 def build_schedule(
     num_samples: list[int], offsets: list[int], epochs: int, batch_size: int, generators
 ) -> Schedule:
-    """Pad the clients' :func:`batch_schedule` step lists into (K, T, B) global row indices."""
-    per_client = [batch_schedule(n, epochs, batch_size, g)
-                  for n, g in zip(num_samples, generators, strict=True)]
-    steps = [len(s) for s in per_client]
+    """Pad the clients' :func:`batch_schedule` step lists into (K, T, B) global row indices.
+
+    The same shuffles as batch_schedule (one randperm per epoch from each client's
+    generator), laid out a client at a time rather than a step at a time.
+    """
+    per_epoch = [-(-n // batch_size) for n in num_samples]  # steps per epoch, last one short
+    steps = [epochs * s for s in per_epoch]
     total = max(steps, default=0)
     rows = torch.zeros(len(steps), total, batch_size, dtype=torch.long)
     sizes = torch.zeros(len(steps), total, dtype=torch.long)
-    for k, (batches, offset, n) in enumerate(zip(per_client, offsets, num_samples,
-                                                 strict=True)):
+    for k, (n, offset, g) in enumerate(zip(num_samples, offsets, generators, strict=True)):
         # Padding: the client's own first row, so padded inputs are real data (a client
         # with no rows pads with row 0: its offset may be past the end of the data).
         rows[k] = offset if n > 0 else 0
-        for t, idx in enumerate(batches):
-            rows[k, t, : len(idx)] = idx + offset
-            sizes[k, t] = len(idx)
+        if n == 0:
+            continue
+        s = per_epoch[k]
+        order = torch.full((epochs, s * batch_size), offset, dtype=torch.long)
+        order[:, :n] = torch.stack([torch.randperm(n, generator=g) for _ in range(epochs)])
+        order[:, :n] += offset
+        rows[k, :steps[k]] = order.view(epochs * s, batch_size)
+        epoch_sizes = torch.full((s,), batch_size, dtype=torch.long)
+        epoch_sizes[-1] = n - (s - 1) * batch_size
+        sizes[k, :steps[k]] = epoch_sizes.repeat(epochs)
     return Schedule(rows, sizes, steps, batch_size)
 
 
@@ -101,20 +110,28 @@ def train_clients_vmap(
     sizes = [task.num_samples(c) for c in clients]
     # Most steps first, so the clients still training are always a prefix of the stack.
     order = sorted(range(len(clients)), key=lambda i: -sizes[i])
-    chunk = chunk_size or len(order) or 1
+    # The largest group that fitted in an earlier round of this task: later rounds start
+    # there instead of running out of memory again.
+    fitted = ("vmap-group-size", config.batch_size)
+    chunk = chunk_size or min(len(order), task.backend_cache.get(fitted, len(order))) or 1
     results: dict[int, ClientResult] = {}
     done = 0
     while done < len(order):
         part = order[done : done + chunk]
+        too_big = False
         try:
             trained = train_group(task, strategy, round, [clients[i] for i in part],
                                   [starts[i] for i in part], config)
         except torch.cuda.OutOfMemoryError:
             if chunk == 1:
                 raise
+            too_big = True
+        if too_big:
             # K models did not fit: a group is a pure function of its inputs, so retry the
-            # same clients in halves (the results do not depend on the grouping).
+            # same clients in halves (the results do not depend on the grouping). Freed
+            # here: the except clause's traceback still held the group's tensors.
             chunk = (chunk + 1) // 2
+            task.backend_cache[fitted] = chunk
             torch.cuda.empty_cache()
             continue
         results.update(zip(part, trained, strict=True))

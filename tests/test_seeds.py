@@ -45,12 +45,16 @@ def test_stacked_seeds_equal_separate_runs(tiny_config, algorithm, monkeypatch):
 
 
 def test_a_stack_that_does_not_fit_trains_run_by_run(tiny_config, monkeypatch):
+    tries = []
+
     def out_of_memory(*args, **kwargs):
+        tries.append(args[1])
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(seeds_module, "train_supervised", out_of_memory)
     config = tiny_config.replace(algorithm="fedmut", rounds=2, backend="vmap")
     histories = run_seeds(config, [0, 1], progress=False)
+    assert tries == [1]  # round 2 knew the stack would not fit
     for seed, history in zip([0, 1], histories, strict=True):
         assert_same_run(history, run(config.replace(seed=seed), progress=False))
 

@@ -62,20 +62,46 @@ def test_plain_sgd_fedavg_in_chunks():
     assert max_difference(loop, fast) < 1e-9
 
 
+def test_groups_that_run_out_of_memory_are_halved_and_remembered(tiny_config, monkeypatch):
+    """Out of memory: retried in halves, same results, and later rounds start at the size
+    that fitted instead of running out again."""
+    import flnotes.train_vmap as train_vmap_module
+
+    real_group, tried = train_vmap_module.train_group, []
+
+    def small_device(task, strategy, round, clients, *args):
+        tried.append((round, len(clients)))
+        if len(clients) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_group(task, strategy, round, clients, *args)
+
+    config = tiny_config.replace(algorithm="fedprox", mu=0.1, rounds=2, clients_per_round=5,
+                                 backend="vmap")
+    reference = run(config, progress=False)
+    monkeypatch.setattr(train_vmap_module, "train_group", small_device)
+    halved = run(config, progress=False)
+    assert tried == [(1, 5), (1, 3), (1, 2), (1, 2), (1, 1), (2, 2), (2, 2), (2, 1)]
+    assert [r["accuracy"] for r in halved.rows] == pytest.approx(
+        [r["accuracy"] for r in reference.rows], abs=1e-6)
+
+
 def test_schedule_reproduces_batch_schedule():
-    config = RunConfig(num_clients=3, clients_per_round=3, device="cpu", seed=5)
-    counts, offsets = [13, 9, 4], [0, 13, 22]
-    gens = [client_generator(config, 2, c) for c in range(3)]
+    config = RunConfig(num_clients=4, clients_per_round=4, device="cpu", seed=5)
+    counts, offsets = [13, 9, 4, 8], [0, 13, 22, 26]  # 8: whole batches only
+    gens = [client_generator(config, 2, c) for c in range(4)]
     schedule = build_schedule(counts, offsets, 2, 4, gens)
-    assert schedule.steps == [8, 6, 2]
+    assert schedule.steps == [8, 6, 2, 4]
     for k, (n, off) in enumerate(zip(counts, offsets, strict=True)):
         ref = batch_schedule(n, 2, 4, client_generator(config, 2, k))
         for t, idx in enumerate(ref):
             assert schedule.sizes[k, t] == len(idx)
             assert torch.equal(schedule.rows[k, t, : len(idx)], idx + off)
+            assert (schedule.rows[k, t, len(idx):] == off).all()  # pads with its own row
         assert (schedule.sizes[k, len(ref):] == 0).all()
-    assert [schedule.active(t) for t in range(8)] == [3, 3, 2, 2, 2, 2, 1, 1]
+        assert (schedule.rows[k, len(ref):] == off).all()
     # A client with no rows pads with a row that exists (its offset is past the data).
+    sorted_schedule = build_schedule(counts[:3], offsets[:3], 2, 4, gens[:3])
+    assert [sorted_schedule.active(t) for t in range(8)] == [3, 3, 2, 2, 2, 2, 1, 1]
     empty = build_schedule([13, 0], [0, 13], 1, 4, gens[:2])
     assert empty.steps == [4, 0] and int(empty.rows.max()) < 13
 

@@ -63,7 +63,9 @@ class Strategy:
     ) -> torch.Tensor | None:
         """Extra local loss term over trainable params (None: plain empirical loss).
 
-        ``anchor`` is :meth:`penalty_anchor` of the client's start state.
+        ``anchor`` is :meth:`penalty_anchor` of the client's start state; the batched
+        backend leaves out its entries for buffers (BatchNorm statistics), so read only
+        the entries of trainable parameters and your own extra ones.
         """
         return None
 

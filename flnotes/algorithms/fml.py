@@ -124,8 +124,7 @@ class FML(Strategy):
                                 weight_decay=cfg.weight_decay) for m in (personal, meme)]
         meme_ces, personal_ces = [], []
         # Same batch order as every other method's local SGD for this (seed, round, client).
-        for idx in batch_schedule(len(y), cfg.local_epochs, cfg.batch_size, generator):
-            idx = idx.to(x.device)
+        for idx in batch_schedule(len(y), cfg.local_epochs, cfg.batch_size, generator, x.device):
             xb, yb = x[idx], y[idx]
             personal_loss, meme_loss, ce_p, ce_m = mutual_losses(
                 personal(xb), meme(xb), yb, cfg.personal_weight, cfg.meme_weight, task.loss_fn)
