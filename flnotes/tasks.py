@@ -157,11 +157,18 @@ def build_task(config) -> Task:
                 f"num_clients={config.num_clients}"
             )
     else:
+        # A dataset with its own client split (LEAF) may hold rows that no client trains on:
+        # the test windows inside the role texts, rows left out by max_roles / max_samples.
+        # Re-splitting it (iid, dirichlet) draws from its clients' training rows only.
+        pool = getattr(data, "client_indices", None)
+        pool = torch.cat(list(pool)) if pool else None
         parts = make_partition(
-            data.train_y, config.num_clients, config.partition, seed=config.seed,
-            dirichlet_alpha=config.dirichlet_alpha,
+            data.train_y if pool is None else data.train_y[pool], config.num_clients,
+            config.partition, seed=config.seed, dirichlet_alpha=config.dirichlet_alpha,
             shards_per_client=config.shards_per_client, min_size=config.min_client_size,
         )
+        if pool is not None:
+            parts = [pool[p] for p in parts]
         if config.partition_manifest:
             save_manifest(config.partition_manifest, parts, data.train_y,
                           meta={"config": config.to_dict()})

@@ -271,3 +271,22 @@ def test_max_samples_must_be_a_positive_integer(tmp_path, bad):
         plays.build_shakespeare(plays.find_play_files(folder), seq_len=10, max_samples=bad)
     with pytest.raises(ValueError, match="max_samples"):  # before looking for any data
         leaf.load_shakespeare(tmp_path / "nothing", False, 0, max_samples=bad)
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet"])
+def test_resplit_draws_only_the_kept_roles_training_windows(capped_play, partition):
+    """max_roles / max_samples bound an iid or Dirichlet re-split too, and no client gets a
+    window that is a test window (the texts hold both)."""
+    from flnotes.config import RunConfig
+    from flnotes.tasks import build_task
+
+    folder, _, cap = capped_play
+    options = {"seq_len": 10, "max_roles": 3, "max_samples": cap}
+    natural = load_dataset("shakespeare", folder, **options)
+    config = RunConfig(dataset="shakespeare", model="lstm", partition=partition,
+                       num_clients=2, clients_per_round=2, min_client_size=1,
+                       data_dir=str(folder), data_options=options, device="cpu")
+    task = build_task(config)
+    dealt = torch.cat(task.client_indices).tolist()
+    assert sorted(dealt) == sorted(torch.cat(natural.client_indices).tolist())
+    assert len(dealt) == natural.stats["train_samples"] < len(natural.train_y)
