@@ -264,6 +264,8 @@ def load_shakespeare(data_dir: Path, download: bool, seed: int, source: str = "a
     (None: no cap; roles at or below the cap are untouched; ``min_samples`` is checked first).
     """
     check_max_samples(max_samples)
+    if source not in ("auto", "leaf", "plays"):
+        raise ValueError(f"source={source!r}: choose 'auto', 'leaf' (LEAF's JSON) or 'plays'")
     data_dir = Path(data_dir)
     root = find_leaf_root(data_dir, "shakespeare") if source in ("auto", "leaf") else None
     if root is not None:
@@ -275,7 +277,13 @@ def load_shakespeare(data_dir: Path, download: bool, seed: int, source: str = "a
     # Imported here: flnotes.plays builds on this module's LeafData and packing.
     from flnotes.plays import build_shakespeare, find_play_files
 
-    files = find_play_files(data_dir) if source in ("auto", "plays") else []
+    if source == "leaf":
+        plays_hint = (" It holds play texts: use source='plays' (or 'auto') for them."
+                      if find_play_files(data_dir) else "")
+        raise FileNotFoundError(
+            f"source='leaf' but {data_dir} holds no LEAF JSON (train/*.json and test/*.json, "
+            f"from LEAF's preprocess.sh).{plays_hint}")
+    files = find_play_files(data_dir)
     if not files:
         hint = " (there is no download: LEAF's scripts need the internet)" if download else ""
         raise FileNotFoundError(

@@ -290,3 +290,12 @@ def test_resplit_draws_only_the_kept_roles_training_windows(capped_play, partiti
     dealt = torch.cat(task.client_indices).tolist()
     assert sorted(dealt) == sorted(torch.cat(natural.client_indices).tolist())
     assert len(dealt) == natural.stats["train_samples"] < len(natural.train_y)
+
+
+def test_source_leaf_without_json_says_what_the_folder_holds(tmp_path):
+    folder = plays.write_demo_plays(tmp_path / "plays", num_roles=2, speeches=2)
+    with pytest.raises(FileNotFoundError, match="no LEAF JSON.*source='plays'"):
+        leaf.load_shakespeare(folder, False, 0, source="leaf")
+    with pytest.raises(ValueError, match="choose 'auto', 'leaf'"):
+        leaf.load_shakespeare(folder, False, 0, source="json")
+    assert leaf.load_shakespeare(folder, False, 0, source="plays", seq_len=10).client_names
