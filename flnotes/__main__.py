@@ -1,10 +1,12 @@
-"""Command line: ``python -m flnotes run|demo|presets ...`` (flags are RunConfig fields)."""
+"""Command line: ``python -m flnotes run|demo|presets|sweep|tables`` (see DESCRIPTION)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import sys
 import time
 import typing
@@ -13,7 +15,23 @@ from typing import Any
 
 import yaml
 
-from flnotes.config import RunConfig
+from flnotes.config import (
+    BACKENDS,
+    COMPILE_MODES,
+    MUTATIONS,
+    PARTITIONS,
+    WEIGHTINGS,
+    RunConfig,
+    did_you_mean,
+)
+from flnotes.field_help import FIELD_HELP
+
+DESCRIPTION = """\
+Federated-learning methods to run, study and compare with their papers. Commands: run
+(train one configuration), demo (the quick-start job), presets (the papers' settings), sweep
+(a YAML grid of notebook runs) and tables (the papers' tables with our results beside them).
+`python -m flnotes COMMAND --help` lists a command's flags."""
+EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
 
 
 def _parse_bool(text: str) -> bool:
@@ -32,22 +50,47 @@ def _parse_option(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(value)
 
 
+def _field_choices() -> dict[str, list[str]]:
+    """The allowed values of the fields that take a name, for --help."""
+    from flnotes.algorithms import algorithm_names
+    from flnotes.tasks import dataset_names, model_names
+
+    return {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
+            "partition": list(PARTITIONS), "backend": list(BACKENDS),
+            "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS),
+            "mutation": list(MUTATIONS)}
+
+
+def field_help(name: str, default: Any, choices: list[str] | None) -> str:
+    """One flag's help: what it does, its choices and its default (None: said in the text)."""
+    parts = [FIELD_HELP[name]]
+    if choices:
+        parts.append(f"choices: {', '.join(choices)}")
+    if default is not None and name != "data_options":
+        parts.append(f"default: {str(default).lower() if isinstance(default, bool) else default}")
+    # argparse %-formats help strings.
+    return "; ".join(parts).replace("%", "%%")
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per RunConfig field (--clients-per-round ...), defaulting to 'not given'."""
     hints = typing.get_type_hints(RunConfig)
+    choices = _field_choices()
+    group = parser.add_argument_group("run settings (RunConfig fields)")
     for f in dataclasses.fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = field_help(f.name, default, choices.get(f.name))
         if f.name == "data_options":
-            parser.add_argument("--data-option", dest="data_options", action="append",
-                                type=_parse_option, metavar="KEY=VALUE",
-                                help="dataset loader option, repeatable (e.g. coarse=true)")
+            group.add_argument("--data-option", dest="data_options", action="append",
+                               type=_parse_option, metavar="KEY=VALUE", help=text)
             continue
         kind = {bool: _parse_bool, int: int, float: float}.get(base, str)
-        parser.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,
-                            help=f"(default: {default})")
+        metavar = "{true,false}" if base is bool else None
+        group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,
+                           metavar=metavar, help=text)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -62,16 +105,36 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run one configuration, print accuracy per round, save a learning curve."""
+    """Run one configuration, print each round as it ends, save a learning curve."""
     from flnotes.sim import run
 
     config = config_from_args(args)
+    config.check_device()  # before any data is loaded
     if getattr(args, "seeds", None):
         return _run_seeds(config, args.seeds)
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config)))
-    history = run(config)
-    _print_rows(history)
+    if config.dataset == "toy":
+        print(TOY_NOTE)
+    printed = []
+
+    def print_row(row: dict) -> None:
+        printed.append(row["round"])
+        _write_line(_row_line(row, config.dataset))
+
+    try:
+        history = run(config, on_round=print_row)
+    except KeyboardInterrupt:
+        from flnotes.sim import interruption_report
+
+        print(interruption_report(config.run_dir), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not printed and history.rows:  # a finished folder, reloaded: show what it holds
+        print(f"{config.run_dir} already holds this run ({history.status}, "
+              f"{len(history.rows)} rounds): showing it; raise --rounds to continue it, or "
+              "delete the folder to run it again")
+        for row in history.rows:
+            print(_row_line(row, config.dataset))
     from flnotes.plots import plot_learning_curves
 
     fig = plot_learning_curves({config.algorithm: history})
@@ -81,33 +144,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if history.status == "completed" else 1
 
 
+# On the toy, "accuracy" is a yes/no about where the model ended, not a share of samples.
+TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat basin (the "
+            "toy's 'accuracy'), else 0; train_loss is the clients' landscape loss plus "
+            "gradient noise, so it can be negative")
+
+
 def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
     """Several seeds stacked into one batched run; per-seed and mean +- std accuracy."""
-    import numpy as np
-
     from flnotes.plots import plot_learning_curves
     from flnotes.seeds import run_seeds
-    from flnotes.tables import run_metrics
+    from flnotes.sim import interruption_report
+    from flnotes.tables import LAST_EVALUATIONS, run_metrics, sample_std
 
     if config.run_dir is None:
-        name = default_run_name(config).rsplit("-seed", 1)[0] + "-seeds"
-        config = config.replace(run_dir=str(Path("runs") / name))
-    histories = run_seeds(config, seeds)
+        config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
+    try:
+        histories = run_seeds(config, seeds)
+    except KeyboardInterrupt:
+        for seed in seeds:
+            print(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}",
+                  file=sys.stderr)
+        return EXIT_INTERRUPTED
     finals = []
     for seed, history in zip(seeds, histories, strict=True):
         metrics = run_metrics(history.metric("accuracy"))
         finals.append(metrics["last_mean"])
+        last = min(metrics["evaluations"], LAST_EVALUATIONS)
         print(f"seed {seed}: {history.status}, final accuracy {metrics['final']:.4f}, "
-              f"mean of the last {metrics['evaluations']} evaluations "
-              f"{metrics['last_mean']:.4f} +- {metrics['last_std']:.4f}")
-    print(f"over {len(seeds)} seeds: {np.mean(finals):.4f} +- {np.std(finals):.4f} "
-          f"(mean and std of each seed's last-evaluations mean)")
+              f"mean +- std of the last {last} evaluations "
+              f"{metrics['last_mean']:.4f} +- {_number(metrics['last_std'])}")
+    print(f"mean +- std over {len(seeds)} seeds: {sum(finals) / len(finals):.4f} +- "
+          f"{_number(sample_std(finals))} (sample std, ddof=1, of each seed's "
+          "last-evaluations mean)")
     fig = plot_learning_curves({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
                                title=f"{config.algorithm}, {len(seeds)} seeds")
     png = Path(config.run_dir) / "learning_curves.png"
     fig.savefig(png, dpi=120)
     print(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
     return 0 if all(h.status == "completed" for h in histories) else 1
+
+
+def _number(value: float) -> str:
+    # A std of one value is undefined (NaN): say so instead of printing "nan".
+    return "n/a (one value)" if math.isnan(value) else f"{value:.4f}"
 
 
 def _seed_list(text: str) -> list[int]:
@@ -117,16 +197,49 @@ def _seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}") from None
 
 
-def default_run_name(config: RunConfig) -> str:
-    """A readable folder name for a config."""
-    return f"{config.algorithm}-{config.dataset}-{config.partition}-seed{config.seed}"
+def settings_digest(config: RunConfig) -> str:
+    """6 hex digits of the settings that make a run folder's results what they are.
+
+    Leaves out what may change when resuming a folder (sim.RESUMABLE_CHANGES: rounds,
+    device, ...) and the seed (in the folder name): so a rerun with more rounds, or on a
+    GPU, finds the same folder, while another mu or lr gets a folder of its own.
+    """
+    from flnotes.sim import RESUMABLE_CHANGES
+
+    values = {k: v for k, v in config.resolved().to_dict().items()
+              if k not in RESUMABLE_CHANGES and k != "seed"}
+    text = json.dumps(values, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
 
 
-def _print_rows(history) -> None:
-    for row in history.rows:
-        acc = f"{row['accuracy']:.4f}" if "accuracy" in row else "   -  "
-        print(f"round {row['round']:4d}  train_loss {row['train_loss']:.4f}  accuracy {acc}"
-              f"  ({row['seconds']:.2f} s)")
+def default_run_name(config: RunConfig, seeds: bool = False) -> str:
+    """A readable folder name for a config: <algorithm>-<dataset>-<partition>-seed<N>-<digest>.
+
+    With ``seeds`` the folder of a --seeds run (seed<N> subfolders inside), with the same
+    digest as the single-seed folders of the same settings.
+    """
+    head = f"{config.algorithm}-{config.dataset}-{config.partition}"
+    seed = "seeds" if seeds else f"seed{config.seed}"
+    return f"{head}-{seed}-{settings_digest(config)}"
+
+
+def _row_line(row: dict, dataset: str) -> str:
+    """One round's printed line."""
+    if dataset == "toy":
+        flat = f"{row['accuracy']:.0f}" if "accuracy" in row else "-"
+        score = f"flat_basin {flat}"
+    else:
+        score = f"accuracy {row['accuracy']:.4f}" if "accuracy" in row else "accuracy    -  "
+    return (f"round {row['round']:4d}  train_loss {row['train_loss']:.4f}  {score}"
+            f"  ({row['seconds']:.2f} s)")
+
+
+def _write_line(line: str) -> None:
+    """Print above the progress bar, and flush: a redirected log shows each round at once."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line)
+    sys.stdout.flush()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -141,6 +254,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
     from flnotes.presets import describe, preset_names, preset_values
 
     if args.name:
+        if args.name not in preset_names():
+            raise ValueError(f"unknown preset {args.name!r}"
+                             f"{did_you_mean(args.name, preset_names())}; presets: "
+                             f"{', '.join(preset_names())}")
         print(json.dumps(preset_values(args.name), indent=2))
         print(describe(args.name))
     else:
@@ -151,44 +268,68 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m flnotes", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_run = sub.add_parser("run", help="run one federated training")
-    p_run.add_argument("--preset", help="start from a named preset (see `presets`)")
+    parser = argparse.ArgumentParser(prog="python -m flnotes", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
+    p_run = sub.add_parser(
+        "run", help="train one configuration (one flag per RunConfig field; --preset, --seeds)",
+        description="Train one federated configuration. Every round's line is printed as it "
+        "ends; the run folder (--run-dir) holds config, metrics and checkpoints, and the same "
+        "command again resumes it. Ctrl-C stops it resumably.")
+    p_run.add_argument("--preset", help="start from a named preset (see `presets`); flags "
+                       "given as well override its values")
     p_run.add_argument("--seeds", type=_seed_list, metavar="S1,S2,...",
                        help="run these seeds and print mean +- std; with the vmap backend "
                             "(the default on a GPU) their clients train as one stack")
     add_config_flags(p_run)
-    p_run.set_defaults(func=cmd_run)
-    p_demo = sub.add_parser("demo", help="the quick-start job (small run + toy notebooks)")
+    p_run.set_defaults(func=cmd_run, command_parser=p_run)
+    p_demo = sub.add_parser("demo", help="the quick-start job: a small run and the toy notebooks")
     p_demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p_demo.add_argument("--skip-notebooks", action="store_true", help="only the small run")
-    p_demo.set_defaults(func=cmd_demo)
+    p_demo.set_defaults(func=cmd_demo, command_parser=p_demo)
     from flnotes import sweep as sweep_cli
     from flnotes import tables as tables_cli
 
     p_sweep = sub.add_parser("sweep", help="run a YAML grid of notebooks with papermill (sweeps/)")
     sweep_cli.add_arguments(p_sweep)
-    p_sweep.set_defaults(func=sweep_cli.cmd_sweep)
-    p_tab = sub.add_parser("tables", help="paper tables beside a results folder")
+    p_sweep.set_defaults(func=sweep_cli.cmd_sweep, command_parser=p_sweep)
+    p_tab = sub.add_parser("tables", help="the papers' tables with the results of a folder of "
+                           "runs beside them")
     tables_cli.add_arguments(p_tab)
-    p_tab.set_defaults(func=tables_cli.cmd_tables)
-    p_pre = sub.add_parser("presets", help="list presets or show one")
-    p_pre.add_argument("name", nargs="?")
-    p_pre.set_defaults(func=cmd_presets)
+    p_tab.set_defaults(func=tables_cli.cmd_tables, command_parser=p_tab)
+    p_pre = sub.add_parser("presets", help="list the named paper settings, or show one with "
+                           "where each value comes from")
+    p_pre.add_argument("name", nargs="?", help="a preset to show (default: list them all)")
+    p_pre.set_defaults(func=cmd_presets, command_parser=p_pre)
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, but an unknown flag gets its command's usage and a 'did you mean'."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = getattr(args, "command_parser", parser)
+        flags = [s for action in command._actions for s in action.option_strings]
+        named = [x + did_you_mean(x, flags) if x.startswith("-") else x for x in extras]
+        command.error(f"unrecognized arguments: {' '.join(named)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m flnotes``."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     tic = time.perf_counter()
     try:
         code = args.func(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"done in {time.perf_counter() - tic:.1f} s")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if code != EXIT_INTERRUPTED:
+        print(f"done in {time.perf_counter() - tic:.1f} s")
     return code
 
 

@@ -8,7 +8,9 @@ default; :meth:`RunConfig.resolved` fills them in, and a run records the resolve
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -110,6 +112,16 @@ class RunConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def check_device(self) -> None:
+        """Raise ValueError if this machine cannot run on ``device`` (e.g. 'cuda' without a GPU).
+
+        Not part of validation on construction: a config written by a GPU run must still
+        load on a CPU machine (to plot or tabulate it); only running it needs the device.
+        """
+        problem = _device_problem(self.device)
+        if problem:
+            raise ValueError(problem)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of all fields."""
         return dataclasses.asdict(self)
@@ -132,11 +144,20 @@ class RunConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> RunConfig:
         """A named preset (see flnotes.presets) with some fields overridden."""
-        from flnotes.presets import preset_values
+        from flnotes.presets import preset_names, preset_values
 
+        if name not in preset_names():
+            raise ValueError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; "
+                             "list them with `python -m flnotes presets`")
         values = preset_values(name)
         values.update(overrides)
         return cls.from_dict(values)
+
+
+def did_you_mean(name: str, known) -> str:
+    """" (did you mean 'x'?)" naming the closest of ``known`` to a mistyped name, else ""."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 def field_names() -> list[str]:
@@ -153,11 +174,14 @@ def _problems(c: RunConfig):
         return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
 
     if c.algorithm not in algorithm_names():
-        yield bad("algorithm", f"registered algorithms are {algorithm_names()}")
+        yield bad("algorithm", f"registered algorithms are {algorithm_names()}"
+                  + did_you_mean(c.algorithm, algorithm_names()))
     if c.dataset not in dataset_names():
-        yield bad("dataset", f"registered datasets are {dataset_names()}")
+        yield bad("dataset", f"registered datasets are {dataset_names()}"
+                  + did_you_mean(c.dataset, dataset_names()))
     if c.model is not None and c.model not in model_names():
-        yield bad("model", f"registered models are {model_names()}")
+        yield bad("model", f"registered models are {model_names()}"
+                  + did_you_mean(c.model, model_names()))
     if c.partition not in PARTITIONS:
         yield bad("partition", f"choose one of {list(PARTITIONS)}")
     if c.backend not in BACKENDS:
@@ -172,6 +196,10 @@ def _problems(c: RunConfig):
         yield bad("mutation", f"choose one of {list(MUTATIONS)}")
     if not isinstance(c.data_options, dict):
         yield bad("data_options", "must be a dict of loader options")
+    else:
+        from flnotes.data_options import data_option_problems
+
+        yield from data_option_problems(c.dataset, c.data_options)
     for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
                  "eval_every", "eval_batch_size", "checkpoint_every", "beta_rounds",
                  "shards_per_client"):
@@ -188,11 +216,11 @@ def _problems(c: RunConfig):
                    f"exceed num_clients={c.num_clients}")
     for name in ("lr", "dirichlet_alpha"):
         if not _is_number(getattr(c, name)) or getattr(c, name) <= 0:
-            yield bad(name, "must be a positive number")
+            yield bad(name, "must be a positive finite number")
     for name in ("weight_decay", "mu", "alpha"):
         value = getattr(c, name)
         if value is not None and (not _is_number(value) or value < 0):
-            yield bad(name, "must be a non-negative number")
+            yield bad(name, "must be a non-negative finite number")
     if not _is_number(c.momentum) or not 0 <= c.momentum < 1:
         yield bad("momentum", "must be in [0, 1)")
     for name in ("beta0", "qp_prob", "personal_weight", "meme_weight"):
@@ -208,7 +236,28 @@ def _problems(c: RunConfig):
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: NaN and inf pass every comparison-based range check wrongly."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _device_problem(device: str) -> str | None:
+    """Why this machine cannot run on a (well-formed) device, or None if it can."""
+    import torch
+
+    if device == "auto":
+        return None
+    target = torch.device(device)
+    if target.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return (f"RunConfig.device={device!r} is invalid on this machine: "
+                "torch.cuda.is_available() is False; use --device cpu or auto")
+    count = torch.cuda.device_count()
+    if target.index is not None and target.index >= count:
+        return (f"RunConfig.device={device!r} is invalid on this machine: it has {count} CUDA "
+                f"device(s), cuda:0 to cuda:{count - 1}; use one of them, cuda or auto")
+    return None
 
 
 def _valid_device(device: str) -> bool:

@@ -303,6 +303,17 @@ def load_idx_dataset(
 
 # ---------------------------------------------------------------- registry
 
+def _options_from(module: str, name: str):
+    """Mark a forwarding loader: its options are those of ``module.name`` (imported lazily)."""
+
+    def mark(fn):
+        fn.options_source = (module, name)
+        return fn
+
+    return mark
+
+
+@_options_from("flnotes.leaf", "load_shakespeare")
 def load_shakespeare(data_dir: Path, download: bool, seed: int, **options) -> TensorData:
     """LEAF Shakespeare: LEAF's JSON, or built from play texts (see flnotes.leaf)."""
     from flnotes.leaf import load_shakespeare as load
@@ -310,6 +321,7 @@ def load_shakespeare(data_dir: Path, download: bool, seed: int, **options) -> Te
     return load(data_dir, download, seed, **options)
 
 
+@_options_from("flnotes.leaf", "load_femnist")
 def load_femnist(data_dir: Path, download: bool, seed: int, **options) -> TensorData:
     """FEMNIST from LEAF's JSON (see flnotes.leaf)."""
     from flnotes.leaf import load_femnist as load
@@ -343,5 +355,10 @@ def load_dataset(
     """Load a registered dataset as tensors; options go to its loader (e.g. coarse=True)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
+    from flnotes.data_options import data_option_problems
+
+    problems = list(data_option_problems(name, options))
+    if problems:
+        raise ValueError(problems[0])
     data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
     return DATASETS[name](data_dir, download, seed, **options)

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-STATUSES = ("running", "completed", "diverged")
+# "interrupted": stopped by Ctrl-C (KeyboardInterrupt); running the config again resumes it.
+STATUSES = ("running", "completed", "diverged", "interrupted")
 
 
 @dataclass

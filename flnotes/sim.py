@@ -1,7 +1,8 @@
 """run(config) -> History: sample, dispatch, train, aggregate, evaluate, checkpoint.
 
 A run folder (``config.run_dir``) holds ``config.json``, ``metrics.jsonl`` (one line per
-round), ``run.json`` (status, environment, code version), ``checkpoint.pt`` and, at the
+round), ``run.json`` (status: running, completed, diverged or interrupted by Ctrl-C; the
+round of the last checkpoint; environment, code version), ``checkpoint.pt`` and, at the
 end, ``global_model.pt``. Running a config on an existing folder resumes from the last
 checkpoint; because every random draw is derived from (seed, round, purpose), the
 resumed run ends in the same state as an uninterrupted one.
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,6 +55,7 @@ class Simulation:
 
     def __init__(self, config, *, task=None) -> None:
         self.config = config = config.resolved()
+        config.check_device()  # before loading data: "no GPU here", not a CUDA traceback
         self.task = task if task is not None else build_task(config)
         device = resolve_device(config.device)
         self.history = History(config=config.to_dict(), environment=environment_info(device),
@@ -61,9 +64,11 @@ class Simulation:
         self.start_round = 1
         self.run_dir = Path(config.run_dir) if config.run_dir else None
         self.finished = False  # a completed or diverged folder: nothing left to run
+        self.checkpoint_round = 0  # round of the folder's last checkpoint (0: none yet)
         if self.run_dir is not None:
             history = self.history
             self.start_round = _prepare_folder(self.run_dir, config, history, self.strategy)
+            self.checkpoint_round = self.start_round - 1
             if history.status == "completed" and self.start_round > config.rounds:
                 history.final_state = self.strategy.global_state
                 self.finished = True
@@ -71,7 +76,14 @@ class Simulation:
                 self.finished = True
             else:
                 history.status = "running"
+                # An interrupted folder says "running" again (and where it runs now).
+                _write_meta(self.run_dir, history, self.checkpoint_round)
         self.model = self.task.working_model()
+
+    @property
+    def resumed(self) -> bool:
+        """True when this run continues a run folder's checkpoint."""
+        return not self.finished and self.start_round > 1
 
     @property
     def running(self) -> bool:
@@ -108,7 +120,14 @@ class Simulation:
             _append_row(self.run_dir, row)
             if history.status != "diverged" and rnd % config.checkpoint_every == 0:
                 _save_checkpoint(self.run_dir, rnd, strategy, history)
+                self.checkpoint_round = rnd
         return row
+
+    def interrupt(self) -> None:
+        """Record that the run was stopped (Ctrl-C): status "interrupted" in run.json too."""
+        self.history.status = "interrupted"
+        if self.run_dir is not None:
+            _write_meta(self.run_dir, self.history, self.checkpoint_round)
 
     def finish(self) -> History:
         """Mark the run completed (unless it diverged), save the last checkpoint and model."""
@@ -126,25 +145,83 @@ class Simulation:
         return history
 
 
-def run(config, *, progress: bool = True, task=None) -> History:
-    """Run (or resume, or reload) a federated training and return its History."""
+def run(config, *, progress: bool = True, task=None,
+        on_round: Callable[[dict], None] | None = None) -> History:
+    """Run (or resume, or reload) a federated training and return its History.
+
+    ``on_round(row)`` is called with each round's metrics as soon as the round ends (the
+    command line prints it there, so a redirected log grows while the run goes on). With
+    ``progress``, a resumed run says so. Ctrl-C marks the run folder "interrupted" and
+    re-raises the KeyboardInterrupt; running the config again resumes from the checkpoint.
+    """
     sim = Simulation(config, task=task)
     if sim.finished:
         return sim.history
     config = sim.config
+    if sim.resumed and progress:
+        tqdm.write(f"resuming {sim.run_dir} from round {sim.checkpoint_round}, its last "
+                   f"checkpoint (rounds {sim.start_round}-{config.rounds} to run)")
     bar = tqdm(range(sim.start_round, config.rounds + 1), desc=config.algorithm,
                disable=not progress, initial=sim.start_round - 1, total=config.rounds)
-    for rnd in bar:
-        tic = time.perf_counter()
-        clients, starts = sim.begin_round(rnd)
-        results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)
-        row = sim.end_round(rnd, clients, starts, results, time.perf_counter() - tic)
-        if "accuracy" in row:
-            bar.set_postfix(acc=f"{row['accuracy']:.3f}", s_per_round=f"{row['seconds']:.2f}")
-        if not sim.running:
-            break
+    try:
+        for rnd in bar:
+            tic = time.perf_counter()
+            clients, starts = sim.begin_round(rnd)
+            results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)
+            row = sim.end_round(rnd, clients, starts, results, time.perf_counter() - tic)
+            if "accuracy" in row:
+                bar.set_postfix(acc=f"{row['accuracy']:.3f}",
+                                s_per_round=f"{row['seconds']:.2f}")
+            if on_round is not None:
+                on_round(row)
+            if not sim.running:
+                break
+    except KeyboardInterrupt:
+        bar.close()
+        sim.interrupt()
+        raise
     bar.close()
     return sim.finish()
+
+
+def interruption_report(run_dir: str | Path) -> str:
+    """Mark a stopped run folder "interrupted" and say how far it got and how to go on.
+
+    For callers that stopped a run they do not hold (e.g. the seeds of run_seeds): reads
+    run.json and metrics.jsonl only.
+    """
+    run_dir = Path(run_dir)
+    meta_file = run_dir / "run.json"
+    if not meta_file.exists():
+        return "interrupted before the first round; run the same command again to start over"
+    meta = json.loads(meta_file.read_text())
+    if meta.get("status") == "running":
+        meta["status"] = "interrupted"
+        _write_json(meta_file, meta)
+    last = _last_logged_round(run_dir / "metrics.jsonl")
+    done = f"after round {last}" if last else "in its first round"
+    checkpoint = meta.get("checkpoint_round")
+    if checkpoint is None and (run_dir / "checkpoint.pt").exists():
+        where = "the last checkpoint"  # a folder from before run.json named the round
+    elif checkpoint:
+        where = f"the last checkpoint (round {checkpoint})"
+    else:
+        every = meta.get("config", {}).get("checkpoint_every", "?")
+        return (f"interrupted {done}, before the first checkpoint (one every {every} rounds); "
+                "run the same command again to start over")
+    return f"interrupted {done}; run the same command again to resume from {where}"
+
+
+def _last_logged_round(metrics_file: Path) -> int:
+    """The last round written to metrics.jsonl (0 if none; a half-written line is skipped)."""
+    last = 0
+    if metrics_file.exists():
+        for line in metrics_file.read_text().splitlines():
+            try:
+                last = int(json.loads(line)["round"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return last
 
 
 def _mean_extras(results) -> dict[str, float]:
@@ -176,7 +253,7 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
         (run_dir / "metrics.jsonl").write_text("")
-        _write_meta(run_dir, history)
+        _write_meta(run_dir, history, 0)
         return 1
     # Onto this run's device: a run checkpointed on a GPU resumes on a CPU and vice versa.
     saved = torch.load(checkpoint, map_location=resolve_device(config.device),
@@ -194,15 +271,24 @@ def _append_row(run_dir: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _write_meta(run_dir: Path, history: History) -> None:
+def _write_meta(run_dir: Path, history: History, checkpoint_round: int) -> None:
+    # checkpoint_round: what an interrupted run can resume from, without loading the .pt.
     meta = {k: v for k, v in history.summary().items() if k != "rows"}
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
+    meta["checkpoint_round"] = checkpoint_round
+    _write_json(run_dir / "run.json", meta)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Write to a temporary file and rename: a Ctrl-C mid-write must not leave half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
 
 
 def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History) -> None:
     _atomic_save({"round": rnd, "strategy": strategy.state_dict(), "rows": history.rows,
                   "status": history.status}, run_dir / "checkpoint.pt")
-    _write_meta(run_dir, history)
+    _write_meta(run_dir, history, rnd)
 
 
 def _atomic_save(obj, path: Path) -> None:

@@ -68,3 +68,46 @@ def test_presets_build_valid_configs():
         assert set(config.to_dict()) == set(field_names())
     with pytest.raises(ValueError, match="unknown preset"):
         RunConfig.from_preset("no-such-preset")
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"lr": float("nan")}, ["lr", "nan", "finite"]),
+    ({"lr": float("inf")}, ["lr", "inf"]),
+    ({"mu": float("nan")}, ["mu", "nan"]),
+    ({"momentum": float("nan")}, ["momentum"]),
+    ({"algorithm": "fedmutt"}, ["did you mean 'fedmut'"]),
+    ({"data_options": {"num_trian": 100}}, ["data_options", "did you mean 'num_train'"]),
+    ({"dataset": "shakespeare", "data_options": {"seq_len": -5}}, ["seq_len", "-5", ">= 1"]),
+])
+def test_non_finite_numbers_and_typos_are_refused(changes, words):
+    with pytest.raises(ValueError) as err:
+        RunConfig(**changes)
+    for word in words:
+        assert word in str(err.value), f"{word!r} missing from: {err.value}"
+
+
+def test_cuda_without_a_gpu_is_refused_when_run_not_when_loaded(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = RunConfig(device="cuda")  # a GPU run's config still loads on a CPU machine
+    with pytest.raises(ValueError, match=r"is_available\(\) is False; use --device cpu or auto"):
+        config.check_device()
+    RunConfig(device="cpu").check_device()
+    RunConfig(device="auto").check_device()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="1 CUDA device"):
+        RunConfig(device="cuda:3").check_device()
+
+
+def test_preset_typo_suggests_the_closest_names():
+    with pytest.raises(ValueError, match="did you mean 'fedmut-paper'"):
+        RunConfig.from_preset("fedmut-papr")
+
+
+def test_every_field_has_a_help_line():
+    from flnotes.field_help import FIELD_HELP
+
+    assert set(FIELD_HELP) == set(field_names())
+    assert all(text and "\n" not in text for text in FIELD_HELP.values())

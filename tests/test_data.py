@@ -10,6 +10,7 @@ import torch
 
 from flnotes import data
 from flnotes.data import MEAN_STD, TensorData, dataset_names, load_dataset
+from flnotes.data_options import data_option_problems, loader_options
 
 CIFAR10_CLASSES = [
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -317,3 +318,52 @@ def test_registry_and_unknown_name():
     assert {"synthetic", "cifar10", "cifar100", "fashion-mnist", "mnist"} <= set(dataset_names())
     with pytest.raises(ValueError, match="synthetic"):
         load_dataset("imagenet")
+
+
+# ------------------------------------------------------------------ loader options
+
+
+def test_loader_options_come_from_the_real_loaders_signature():
+    # A forwarding loader (**options) reports the options of the function it forwards to.
+    shakespeare = loader_options("shakespeare")
+    assert {"max_roles", "seq_len", "min_samples", "source"} <= set(shakespeare)
+    assert shakespeare["max_roles"].kind is int and shakespeare["max_roles"].optional
+    assert shakespeare["seq_len"].default == 80 and not shakespeare["seq_len"].optional
+    assert set(loader_options("cifar10")) == {"coarse"}  # name is bound by the registry
+    assert loader_options("mnist") == {}
+    assert loader_options("synthetic")["noise"].kind is float
+
+
+@pytest.mark.parametrize("name, options, words", [
+    ("synthetic", {"foo": 1}, ["'foo'", "num_train", "max_shift"]),
+    ("shakespeare", {"max_rolez": 3}, ["'max_rolez'", "did you mean 'max_roles'"]),
+    ("shakespeare", {"max_roles": "abc"}, ["max_roles", "'abc'", "integer >= 1 or None"]),
+    ("shakespeare", {"seq_len": -5}, ["seq_len", "-5", "integer >= 1"]),
+    ("shakespeare", {"seq_len": 0}, ["seq_len", "integer >= 1"]),
+    ("shakespeare", {"min_samples": -1}, ["min_samples", "integer >= 0"]),
+    ("shakespeare", {"source": "web"}, ["source", "'auto', 'leaf', 'plays'"]),
+    ("shakespeare", {"train_fraction": 1.0}, ["train_fraction", "between 0 and 1"]),
+    ("synthetic", {"noise": float("nan")}, ["noise", "finite"]),
+    ("synthetic", {"num_train": 2.5}, ["num_train", "integer"]),
+    ("cifar100", {"coarse": "yes"}, ["coarse", "true or false"]),
+    ("mnist", {"coarse": True}, ["'coarse'", "options are: none"]),
+])
+def test_bad_loader_options_are_named_with_what_is_allowed(name, options, words):
+    problems = list(data_option_problems(name, options))
+    assert len(problems) == 1
+    for word in words:
+        assert word in problems[0], f"{word!r} missing from: {problems[0]}"
+
+
+def test_good_loader_options_pass():
+    assert not list(data_option_problems("synthetic", {"num_train": 10, "noise": 2,
+                                                            "max_shift": 0}))
+    assert not list(data_option_problems("shakespeare", {"max_roles": None, "seq_len": 8,
+                                                              "layout": "alone"}))
+    assert not list(data_option_problems("toy", {"anything": 1}))  # its own task module
+
+
+def test_load_dataset_refuses_an_unknown_option_before_loading():
+    # Without the check the loader itself raises a TypeError that names no valid option.
+    with pytest.raises(ValueError, match="has no option 'num_trian'.*did you mean 'num_train'"):
+        load_dataset("synthetic", num_trian=10)

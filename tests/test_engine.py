@@ -261,3 +261,60 @@ def test_history_to_frame_has_one_row_per_round(tiny_config):
     assert frame["round"].tolist() == [1, 2]
     assert frame["accuracy"].tolist() == history.metric("accuracy")
     assert set(frame["algorithm"]) == {tiny_config.algorithm}
+
+
+def _interrupt_in_round(monkeypatch, stop_round):
+    """Make the engine raise KeyboardInterrupt (Ctrl-C) when round stop_round trains."""
+    import flnotes.sim as sim
+
+    real_train = sim.train_clients
+
+    def train(task, strategy, rnd, *args):
+        if rnd == stop_round:
+            raise KeyboardInterrupt
+        return real_train(task, strategy, rnd, *args)
+
+    monkeypatch.setattr(sim, "train_clients", train)
+
+
+def test_ctrl_c_marks_the_folder_interrupted_and_resuming_marks_it_running(
+    tiny_config, tmp_path, monkeypatch
+):
+    from flnotes.sim import interruption_report
+
+    folder = tmp_path / "r"
+    config = tiny_config.replace(rounds=5, checkpoint_every=2, run_dir=str(folder))
+    _interrupt_in_round(monkeypatch, 4)
+    try:
+        run(config, progress=False)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt must reach the caller")
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "interrupted" and meta["checkpoint_round"] == 2
+    assert interruption_report(folder) == (
+        "interrupted after round 3; run the same command again to resume from the last "
+        "checkpoint (round 2)")
+    monkeypatch.undo()
+    rows = []
+    history = run(config, progress=False, on_round=rows.append)
+    assert [r["round"] for r in rows] == [3, 4, 5]  # each round reported as it ends
+    assert history.status == "completed"
+    assert json.loads((folder / "run.json").read_text())["status"] == "completed"
+
+
+def test_interruption_before_the_first_checkpoint_says_it_starts_over(
+    tiny_config, tmp_path, monkeypatch
+):
+    from flnotes.sim import interruption_report
+
+    folder = tmp_path / "r"
+    _interrupt_in_round(monkeypatch, 2)
+    try:
+        run(tiny_config.replace(checkpoint_every=5, run_dir=str(folder)), progress=False)
+    except KeyboardInterrupt:
+        pass
+    report = interruption_report(folder)
+    assert "after round 1, before the first checkpoint" in report and "start over" in report
+    assert "first round" in interruption_report(tmp_path / "never-started")

@@ -112,7 +112,8 @@ def test_cli_runs_seeds_and_reports_their_spread(tmp_path, capsys):
         assert json.loads((folder / "config.json").read_text())["seed"] == seed
         means.append(run_metrics(History.load(folder).metric("accuracy"))["last_mean"])
         assert f"seed {seed}: completed" in out
-    spread = f"over 2 seeds: {sum(means) / 2:.4f} +- {abs(means[0] - means[1]) / 2:.4f}"
+    # the sample std (ddof=1) of two values is their distance over sqrt(2)
+    spread = f"over 2 seeds: {sum(means) / 2:.4f} +- {abs(means[0] - means[1]) / 2 ** 0.5:.4f}"
     assert spread in out and (tmp_path / "cell" / "learning_curves.png").exists()
 
 

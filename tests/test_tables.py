@@ -8,21 +8,29 @@ import pandas as pd
 import pytest
 
 from flnotes import tables
+from flnotes.paper_setting import paper_settings
 
 
 def test_run_metrics_against_hand_computed_numbers():
     # 12 evaluations 10, 20, ..., 120 (fractions would be scaled by the caller).
     m = tables.run_metrics([10 * k for k in range(1, 13)])
     # Last 10 are 30..120: mean (30 + 120) / 2 = 75; deviations +-5, +-15, +-25, +-35, +-45,
-    # squares sum to 2 * (25 + 225 + 625 + 1225 + 2025) = 8250, / 10 = 825, sqrt = 28.7228.
+    # squares sum to 2 * (25 + 225 + 625 + 1225 + 2025) = 8250; sample std: / (10 - 1).
     assert m["last_mean"] == pytest.approx(75.0)
-    assert m["last_std"] == pytest.approx(math.sqrt(825.0))
+    assert m["last_std"] == pytest.approx(math.sqrt(8250 / 9))
     assert (m["final"], m["best"], m["evaluations"]) == (120.0, 120.0, 12)
     few = tables.run_metrics([50.0, 70.0, 60.0])  # fewer than 10: all of them
     assert few["last_mean"] == pytest.approx(60.0)
-    assert few["last_std"] == pytest.approx(math.sqrt(200 / 3))  # (100 + 100 + 0) / 3
+    assert few["last_std"] == pytest.approx(10.0)  # sqrt((100 + 100 + 0) / (3 - 1))
     assert (few["final"], few["best"]) == (60.0, 70.0)
     assert tables.run_metrics([])["evaluations"] == 0
+    assert math.isnan(tables.run_metrics([50.0])["last_std"])  # one value has no spread
+
+
+def test_sample_std_matches_the_textbook_formula():
+    assert tables.sample_std([1.0, 3.0]) == pytest.approx(math.sqrt(2.0))  # ((-1)^2 + 1^2) / 1
+    assert tables.sample_std([2.0, 4.0, 6.0]) == pytest.approx(2.0)
+    assert math.isnan(tables.sample_std([5.0])) and math.isnan(tables.sample_std([]))
 
 
 @pytest.mark.parametrize("config,label", [
@@ -72,15 +80,16 @@ def test_collect_and_aggregate_over_seeds(tmp_path):
     assert list(fedmut["acc_evaluations"]) == [11, 11]
     assert list(fedmut["paper_table"]) == ["fedmut_table1"] * 2
     assert fedmut["acc_last_mean"].tolist() == pytest.approx([45.5, 51.0])
-    # Population std of 41..50 is sqrt(8.25); of five 50s and five 52s it is 1.
-    assert fedmut["acc_last_std"].tolist() == pytest.approx([math.sqrt(8.25), 1.0])
+    # Sample std of 41..50 is sqrt(82.5 / 9); of five 50s and five 52s, sqrt(10 / 9).
+    stds = [math.sqrt(82.5 / 9), math.sqrt(10 / 9)]
+    assert fedmut["acc_last_std"].tolist() == pytest.approx(stds)
 
     agg = tables.aggregate(runs)
     row = agg[agg["method"] == "FedMut"].iloc[0]
     assert (row["dataset"], row["model"], row["heterogeneity"]) == ("CIFAR-10", "CNN", "dir=0.1")
     assert row["accuracy_mean"] == pytest.approx((45.5 + 51.0) / 2)
-    assert row["accuracy_std"] == pytest.approx((math.sqrt(8.25) + 1.0) / 2)
-    assert row["seed_std"] == pytest.approx(2.75)  # population std of 45.5 and 51
+    assert row["accuracy_std"] == pytest.approx(sum(stds) / 2)
+    assert row["seed_std"] == pytest.approx(5.5 / math.sqrt(2))  # sample std of 45.5 and 51
     assert row["final_mean"] == pytest.approx(51.0) and row["best_mean"] == pytest.approx(51.0)
     assert (row["seeds"], row["completed"], row["runs"]) == (2, 2, 2)
     adhoc = agg[agg["method"] == "FedAvg"].iloc[0]
@@ -143,7 +152,7 @@ def test_compare_difference_and_not_run(tmp_path):
     assert (result["status"] == "not run").sum() == 118
     wide = tables.side_by_side(result)
     assert wide.loc[("CIFAR-10", "CNN", "dir=0.1"), "FedAvg"] == "47.93 / 50.00 (+2.07)"
-    assert wide.loc[("CIFAR-10", "CNN", "iid"), "FedMut"] == "59.70 / 60.00* (+0.30)"
+    assert wide.loc[("CIFAR-10", "CNN", "iid"), "FedMut"] == "59.70 / 60.00~ (+0.30)"
     assert wide.loc[("CIFAR-10", "CNN", "dir=0.5"), "FedGen"] == "53.86 / not run"
     fig = tables.plot_comparison(result)
     assert len(fig.axes[0].lines) >= 1
@@ -155,4 +164,53 @@ def test_command_line_prints_each_table(tmp_path, capsys):
     _write_run(tmp_path / "r", dict(BASE, algorithm="fedavg", seed=0), list(np.full(3, 40.0)))
     assert tables.main([str(tmp_path), "--table", "fedmut_table1"]) == 0
     out = capsys.readouterr().out
-    assert "fedmut_table1: 1 of 120 cells run" in out and "47.93 / 40.00 (-7.93)" in out
+    # BASE runs 12 rounds where the paper's setting (preset fedmut-paper) runs 2000.
+    assert "fedmut_table1: 1 of 120 cells run" in out and "47.93 / 40.00* (-7.93)" in out
+    assert "cells: paper / ours (ours - paper)" in out
+    assert "* not the paper's setting (1 cell): 12 rounds instead of 2000" in out
+
+
+def test_command_line_refuses_a_missing_results_folder(tmp_path, capsys):
+    assert tables.main([str(tmp_path / "nonexist"), "--table", "fedmut_table1"]) == 2
+    assert "results folder" in capsys.readouterr().err
+    assert tables.main([str(tmp_path), "--table", "fedmut_tabel1"]) == 2
+    assert "did you mean 'fedmut_table1'" in capsys.readouterr().err
+
+
+def _paper_config(algorithm, **changes):
+    """The resolved config a run of fedmut_table1's CIFAR-10/CNN/dir=0.5 cell records."""
+    from flnotes.config import RunConfig
+
+    config = RunConfig.from_preset("fedmut-paper", algorithm=algorithm, dirichlet_alpha=0.5)
+    return dict(config.resolved().to_dict(), **changes)
+
+
+def test_paper_settings_expand_the_tables_grid():
+    settings = paper_settings("fedmut_table1")
+    cell = settings[("CIFAR-10", "ResNet-18", "dir=0.1", "FedMut")]
+    assert (cell["model"], cell["beta0"], cell["rounds"], cell["dirichlet_alpha"]) == (
+        "resnet18", 0.5, 2000, 0.1)
+    assert settings[("CIFAR-100", "VGG-16", "iid", "FedAvg")]["model"] == "vgg16"
+    assert paper_settings("fedmr_table1") == {}  # no grid in sweeps/: nothing to check
+
+
+def test_runs_off_the_papers_setting_are_marked(tmp_path):
+    smoke = _paper_config("fedmut", dataset="synthetic", model="mlp", rounds=3)
+    _write_run(tmp_path / "smoke" / "run", dict(smoke, seed=0), [50.0, 56.9])
+    (tmp_path / "smoke" / "cell.json").write_text(json.dumps(
+        {"paper_table": "fedmut_table1", "parameters": {"algorithms": ["fedmut"]},
+         "labels": {"dataset": "CIFAR-10", "model": "CNN", "heterogeneity": "dir=0.5"}}))
+    # A FedAvg run at the paper's setting: FedMut's alpha (unused by FedAvg) is not compared.
+    paper = _paper_config("fedavg", alpha=None, seed=0)
+    _write_run(tmp_path / "paper", paper, [54.0, 55.0])
+    result = tables.compare(tables.load_paper_table("fedmut_table1"),
+                            tables.aggregate(tables.collect_runs(tmp_path)),
+                            table="fedmut_table1")
+    wide = tables.side_by_side(result)
+    assert wide.loc[("CIFAR-10", "CNN", "dir=0.5"), "FedMut"] == "56.90 / 53.45* (-3.45)"
+    assert wide.loc[("CIFAR-10", "CNN", "dir=0.5"), "FedAvg"] == "54.33 / 54.50 (+0.17)"
+    legend = "\n".join(tables.legend(result))
+    for note in ("3 rounds instead of 2000", "synthetic instead of cifar10",
+                 "mlp instead of cnn"):
+        assert note in legend
+    assert "alpha" not in legend and "~" not in legend  # every run completed

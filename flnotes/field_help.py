@@ -1,0 +1,63 @@
+"""One line of help per RunConfig field: the command line's ``run --help``.
+
+Each says what the field does; the command line adds choices and defaults. A test checks
+that every field has one.
+"""
+
+# One line of help per field (the command line's --help; widgets may show them too). Each
+# says what the field does; choices and defaults are added by the command line.
+FIELD_HELP = {
+    "algorithm": "federated algorithm to run",
+    "dataset": "dataset to train on (toy: the 2-parameter teaching landscape)",
+    "model": "model architecture (default: the dataset's usual model, e.g. cnn for cifar10)",
+    "data_dir": "folder holding the dataset files (default: $FLNOTES_DATA or "
+                "~/.cache/flnotes/data)",
+    "download": "true/false: fetch the dataset into data_dir if it is missing (torchvision "
+                "datasets only)",
+    "data_options": "dataset loader option KEY=VALUE, repeatable (e.g. num_train=1000, "
+                    "coarse=true, max_roles=20); a wrong key lists the dataset's options",
+    "partition": "how training data are split over clients (natural: the dataset's own "
+                 "split, LEAF only)",
+    "dirichlet_alpha": "Dirichlet concentration of the label skew (partition dirichlet; "
+                       "smaller is more skewed)",
+    "shards_per_client": "label-sorted shards each client gets (partition shards)",
+    "min_client_size": "least samples a client may get; the split is redrawn until all do",
+    "partition_manifest": "JSON file to load the exact client split from, or to save it to",
+    "client_test_fraction": "share of each client's data held out to test its own model "
+                            "(default: the algorithm's, 0.1 for fml, else 0)",
+    "num_clients": "number of clients in the federation",
+    "clients_per_round": "clients sampled (without replacement) each round",
+    "rounds": "communication rounds; a larger value on a finished run folder continues it",
+    "local_epochs": "epochs each sampled client trains per round",
+    "batch_size": "client mini-batch size",
+    "lr": "client SGD learning rate",
+    "momentum": "client SGD momentum, in [0, 1)",
+    "weight_decay": "client SGD weight decay (L2)",
+    "weighting": "how the server averages client models: by sample count or uniformly "
+                 "(default: the algorithm's)",
+    "mu": "FedProx proximal weight",
+    "alpha": "depends on the algorithm: FedMut/FedQP mutation range, FedUp penalty weight "
+             "(default: the algorithm's, 4.0 for fedmut, 0.01 for fedup)",
+    "beta0": "FedMut/FedQP initial preference beta, in [0, 1]",
+    "beta_rounds": "FedMut T_b: rounds over which beta decays to 0",
+    "qp_prob": "FedQP: probability of projecting a layer, in [0, 1]",
+    "mutation": "FedQP mutation: sign (FedMut's) or gaussian",
+    "stage1_rounds": "FedMR: rounds of plain FedAvg before recombination starts",
+    "segments": "FedMR-p: segments recombined as units (0: every layer is a segment)",
+    "personal_weight": "FML a: cross-entropy weight in the personal model's loss, in [0, 1]",
+    "meme_weight": "FML b: cross-entropy weight in the meme model's loss, in [0, 1]",
+    "seed": "seed of every random draw (split, sampling, initial model, batches)",
+    "eval_every": "evaluate the global model every this many rounds (and at the last)",
+    "eval_batch_size": "batch size of evaluation (memory only; results do not change)",
+    "checkpoint_every": "save a resumable checkpoint every this many rounds",
+    "device": "auto (cuda if available, else cpu), cpu, cuda or cuda:N",
+    "backend": "client training: loop (one client at a time), vmap (clients as one "
+               "stack) or auto (vmap on a GPU, loop on a CPU)",
+    "compile": "torch.compile the vmap backend's training step in this mode (costs 20 s "
+               "to minutes of compilation once per run)",
+    "record_states": "true/false: keep every dispatched, local and global state (toy "
+                     "models only: memory grows with rounds)",
+    "run_dir": "run folder for config, metrics and checkpoints; the same command on it "
+               "resumes (command line default: runs/<algorithm>-<dataset>-<partition>-"
+               "seed<N>-<hash of the settings>)",
+}

@@ -1,0 +1,132 @@
+"""The command line: one-line errors, default run folders, Ctrl-C, help and output."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from flnotes.__main__ import build_parser, default_run_name, main
+from flnotes.config import RunConfig, field_names
+from flnotes.field_help import FIELD_HELP
+
+# A run of a fraction of a second: 4 clients on 400 synthetic samples.
+SMALL = ["--num-clients", "4", "--clients-per-round", "2", "--data-option", "num_train=400",
+         "--data-option", "num_test=100", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--lr", "nan"], ["lr=nan", "finite"]),
+    (["run", "--data-option", "foo=1"], ["'foo'", "num_train", "num_test"]),
+    (["run", "--dataset", "shakespeare", "--data-option", "max_rolez=3"],
+     ["did you mean 'max_roles'"]),
+    (["run", "--dataset", "shakespeare", "--data-option", "max_roles=abc"],
+     ["max_roles", "'abc'", "integer"]),
+    (["run", "--dataset", "shakespeare", "--data-option", "seq_len=-5"], ["seq_len", ">= 1"]),
+    (["run", "--preset", "fedmut-papr"], ["did you mean 'fedmut-paper'"]),
+    (["presets", "fedmut-papr"], ["did you mean 'fedmut-paper'"]),
+    (["tables", "/nonexistent/results", "--table", "fedmut_table1"], ["results folder"]),
+])
+def test_bad_inputs_exit_2_with_one_line(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1
+    for word in words:
+        assert word in err, f"{word!r} missing from: {err}"
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["run", "--device", "cuda"]) == 2
+    assert "use --device cpu or auto" in capsys.readouterr().err
+
+
+def test_mistyped_flag_shows_runs_usage_and_the_closest_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "--roudns", "3"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: python -m flnotes run" in err and "did you mean '--rounds'" in err
+
+
+def test_help_explains_every_field_and_lists_choices():
+    parser = build_parser()
+    run_parser = parser._subparsers._group_actions[0].choices["run"]
+    helps = {a.dest: a.help for a in run_parser._actions}
+    for name in field_names():
+        assert FIELD_HELP[name] in helps[name]
+    assert "choices: fedavg, fedmr, fedmut" in helps["algorithm"]
+    assert "choices: iid, dirichlet, shards, natural" in helps["partition"]
+    assert "FedUp penalty weight" in helps["alpha"] and "true/false" in helps["download"]
+    for command in ("run", "demo", "presets", "sweep", "tables"):
+        assert command in parser.description
+
+
+def test_default_run_folder_names_the_settings_but_not_rounds():
+    config = RunConfig(algorithm="fedprox", mu=0.01)
+    name = default_run_name(config)
+    assert name.startswith("fedprox-synthetic-dirichlet-seed0-") and len(name.split("-")[-1]) == 6
+    assert default_run_name(config.replace(mu=1.0)) != name
+    # What may change on resuming (sim.RESUMABLE_CHANGES) keeps the folder.
+    assert default_run_name(config.replace(rounds=500, device="cpu", checkpoint_every=3)) == name
+    seeds = default_run_name(config, seeds=True)
+    assert seeds == name.replace("-seed0-", "-seeds-")  # same digest: same settings
+
+
+def test_run_prints_rounds_and_a_new_setting_gets_its_own_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--algorithm", "fedprox", "--rounds", "2", *SMALL]
+    assert main([*argv, "--mu", "0.01"]) == 0
+    assert "round    2" in capsys.readouterr().out
+    assert main([*argv, "--mu", "1.0"]) == 0  # once refused: "holds a different run"
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and all(f.startswith("fedprox-synthetic-dirichlet-seed0-")
+                                     for f in folders)
+
+
+def test_ctrl_c_exits_130_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    import flnotes.sim as sim
+
+    real_train = sim.train_clients
+
+    def ctrl_c_in_round_4(task, strategy, rnd, *args):
+        if rnd == 4:
+            raise KeyboardInterrupt
+        return real_train(task, strategy, rnd, *args)
+
+    folder = tmp_path / "r"
+    argv = ["run", "--rounds", "5", "--checkpoint-every", "2", "--run-dir", str(folder), *SMALL]
+    monkeypatch.setattr(sim, "train_clients", ctrl_c_in_round_4)
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines()[-1] == (
+        "interrupted after round 3; run the same command again to resume from the last "
+        "checkpoint (round 2)")
+    assert "Traceback" not in captured.err and "round    3" in captured.out
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    monkeypatch.setattr(sim, "train_clients", real_train)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"resuming {folder} from round 2" in out
+    assert "round    3" in out and "round    1" not in out
+
+
+def test_toy_run_says_what_its_accuracy_means(tmp_path, capsys):
+    assert main(["run", "--dataset", "toy", "--rounds", "1", "--num-clients", "4",
+                 "--clients-per-round", "2", "--run-dir", str(tmp_path / "toy")]) == 0
+    out = capsys.readouterr().out
+    assert "flat basin" in out and "flat_basin" in out
+    assert not any("accuracy" in line for line in out.splitlines() if line.startswith("round"))
+
+
+def test_seeds_report_the_sample_std(tmp_path, capsys):
+    from flnotes.history import History
+    from flnotes.tables import run_metrics
+
+    assert main(["run", "--seeds", "0,1", "--rounds", "1", "--backend", "loop",
+                 "--run-dir", str(tmp_path / "cell"), *SMALL]) == 0
+    out = capsys.readouterr().out
+    a, b = (run_metrics(History.load(tmp_path / "cell" / f"seed{s}").metric("accuracy"))
+            ["last_mean"] for s in (0, 1))
+    std = abs(a - b) / math.sqrt(2)  # sample std (ddof=1) of two values
+    assert f"mean +- std over 2 seeds: {(a + b) / 2:.4f} +- {std:.4f}" in out
