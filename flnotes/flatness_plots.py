@@ -89,27 +89,44 @@ def plot_planes(planes: Mapping[str, dict], metric: str = "loss", relative: bool
     return fig
 
 
+def surface_windows(arrays: list[np.ndarray]) -> tuple[list[float], float]:
+    """(floor per model, shared height) of the z windows of :func:`plot_surfaces`.
+
+    Each window starts at its own model's lowest value and all are as tall as the typical
+    model's rise above its floor (98th percentile): a model with a higher loss is then not
+    pushed out of everybody's window, and equal heights in two panels mean equal rises.
+    """
+    floors = [float(np.nanmin(a)) for a in arrays]
+    height = _typical_high([a - floor for a, floor in zip(arrays, floors, strict=True)])
+    return floors, max(height, 1e-9)
+
+
 def plot_surfaces(planes: Mapping[str, dict], metric: str = "loss", relative: bool = False,
                   title: str | None = None) -> Figure:
-    """3-D surface of each model's plane, one z range for all, as in Li et al.'s figures.
+    """3-D surface of each model's plane, as in Li et al.'s figures, on z windows of one height.
 
-    The z range ends at the typical model's 98th percentile; higher values are clipped.
+    See :func:`surface_windows`. Values above a window are cut away rather than clipped onto
+    its ceiling: clipping turned a sharp model, whose whole plane rises past the ceiling,
+    into a flat plane, while a cut leaves a narrow bowl whose walls leave the window early.
     """
     arrays = [_surface_values(p, metric, relative) for p in planes.values()]
-    zmin = float(min(np.nanmin(a) for a in arrays))
-    zmax = max(_typical_high(arrays), zmin + 1e-9)
+    floors, height = surface_windows(arrays)
     n = len(planes)
     fig = plt.figure(figsize=(4.2 * n, 3.8))
-    for k, ((name, plane), z) in enumerate(zip(planes.items(), arrays, strict=True), start=1):
+    for k, ((name, plane), z, floor) in enumerate(
+            zip(planes.items(), arrays, floors, strict=True), start=1):
         ax = fig.add_subplot(1, n, k, projection="3d")
         aa, bb = np.meshgrid(_np(plane["alphas"]), _np(plane["betas"]))
-        ax.plot_surface(aa, bb, np.clip(z, zmin, zmax), cmap="viridis", vmin=zmin, vmax=zmax,
-                        linewidth=0)
-        ax.set_zlim(zmin, zmax)
+        top = floor + height
+        # NaN above the window: matplotlib leaves those points out of the surface.
+        ax.plot_surface(aa, bb, np.where(z <= top, z, np.nan), cmap="viridis", vmin=floor,
+                        vmax=top, linewidth=0)
+        ax.set_zlim(floor, top)
         ax.set_title(name)
         ax.set_xlabel("a")
         ax.set_ylabel("b")
-    fig.suptitle(title or f"{metric} surfaces (clipped at the typical model's 98th percentile)")
+    fig.suptitle(title or f"{metric} surfaces: every z window {height:.3g} tall from the model's "
+                          "lowest point; higher values cut away")
     fig.tight_layout()
     return fig
 

@@ -190,6 +190,17 @@ def flat_and_sharp(flat_center=(-1.5, 0.0), sharp_center=(1.5, 0.0), flat_depth:
     ], bowl, name="flat and sharp")
 
 
+def flat_and_sharp_minima(landscape: Landscape) -> torch.Tensor:
+    """The (flat, sharp) minima (2, 2) of a :func:`flat_and_sharp` landscape.
+
+    Gradient descent from the first flat and the first sharp well's centre, run to
+    convergence: lr 0.01 stays stable up to a curvature of 200 (a sharp width of 0.08) and
+    1,500 steps settle the flat well (curvature about 1.3) to float64 precision.
+    """
+    starts = torch.stack([landscape.centers_of("flat")[0], landscape.centers_of("sharp")[0]])
+    return descend(landscape, starts, steps=1500, lr=0.01)
+
+
 def fedmut_fig2(num_clients: int = 2, shift: float = 0.3, **kwargs) -> Federation:
     """Flat left, sharp right (FedMut Fig. 2), every client shifted a little along y."""
     base = flat_and_sharp(**kwargs)

@@ -49,18 +49,45 @@ def _axes(ax, figsize=(5.0, 4.4)):
     return fig, ax
 
 
+def symlog_levels(z, num: int, linthresh: float):
+    """(levels, norm): ``num`` contour levels evenly spaced on a symmetric-log colour scale.
+
+    A log scale lets values that differ by orders of magnitude (a flat basin's curvature
+    next to a sharp one's) each get their own colours; "symmetric" keeps the few zero or
+    negative values (a curvature can be) instead of failing on them.
+    """
+    import numpy as np
+    from matplotlib.colors import SymLogNorm
+
+    norm = SymLogNorm(linthresh, vmin=float(z.min()), vmax=float(z.max()))
+    return norm.inverse(np.linspace(0.0, 1.0, num)), norm
+
+
 def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, levels: int = 25,
-                   filled: bool = True, cmap: str = "viridis", colorbar: bool = False):
-    """Contours of a loss ``fn`` (points (..., 2) -> losses) on an existing axes."""
+                   filled: bool = True, cmap: str = "viridis", colorbar: bool = False,
+                   label: str = "loss", log: bool = False, linthresh: float = 0.1):
+    """Contours of a loss ``fn`` (points (..., 2) -> values) on an existing axes.
+
+    ``label`` names the colour bar (the function need not be a loss); ``log`` spaces the
+    colours on a symmetric-log scale, linear within +-``linthresh``.
+    """
     from flnotes.landscapes import grid
 
     gx, gy, z = grid(fn, xlim, ylim, num)
+    norm = None
+    if log:
+        levels, norm = symlog_levels(z.numpy(), levels, linthresh)
     if filled:
-        cs = ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap)
+        cs = ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap, norm=norm)
         ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, colors="k",
                    linewidths=0.3, alpha=0.4)
         if colorbar:
-            ax.figure.colorbar(cs, ax=ax, shrink=0.85, label="loss")
+            bar = ax.figure.colorbar(cs, ax=ax, shrink=0.85, label=label)
+            if log:  # ticks at 0, +-0.1, +-1, +-10 rather than at the uneven levels
+                from matplotlib.ticker import FormatStrFormatter, SymmetricalLogLocator
+
+                bar.set_ticks(SymmetricalLogLocator(linthresh=linthresh, base=10))
+                bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     else:
         ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap, linewidths=0.8)
     ax.set_xlim(*xlim)
@@ -93,7 +120,7 @@ def plot_surface(fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 81,
                     antialiased=True)
     ax.set_xlabel("x")
     ax.set_ylabel("y")
-    ax.set_zlabel("loss")
+    ax.set_zlabel("loss", labelpad=12)  # the default pad puts it on the z tick labels
     ax.view_init(elev=35, azim=-60)
     if title:
         ax.set_title(title)
@@ -234,9 +261,39 @@ def plot_mutants(fn, center, update, panels: Mapping[str, object],
     return fig
 
 
+def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
+    """Points outside the frame as triangles on its edge, pointing the way they went.
+
+    A run that drifts far out (FedQP's runaway) would otherwise just vanish from a plot
+    framed on the basins. Returns how many points were off the frame and their median
+    distance from the origin (NaN when none).
+    """
+    import numpy as np
+
+    pts = np.asarray(points, dtype=float).reshape(-1, 2)
+    off = ((pts[:, 0] < xlim[0]) | (pts[:, 0] > xlim[1])
+           | (pts[:, 1] < ylim[0]) | (pts[:, 1] > ylim[1]))
+    if not off.any():
+        return 0, float("nan")
+    # Inset a little, so a triangle on the edge is drawn whole.
+    pad_x, pad_y = 0.04 * (xlim[1] - xlim[0]), 0.04 * (ylim[1] - ylim[0])
+    centre = np.array([sum(xlim) / 2, sum(ylim) / 2])
+    for point, color in zip(pts[off], np.asarray(colors, dtype=object)[off], strict=True):
+        edge = (np.clip(point[0], xlim[0] + pad_x, xlim[1] - pad_x),
+                np.clip(point[1], ylim[0] + pad_y, ylim[1] - pad_y))
+        angle = np.degrees(np.arctan2(*(point - centre)[::-1]))
+        # Marker (3, 0, a): a triangle pointing up, turned by a degrees.
+        ax.scatter(*edge, s=40, marker=(3, 0, angle - 90), c=color, lw=0.5, edgecolors="k",
+                   zorder=4)
+    return int(off.sum()), float(np.median(np.linalg.norm(pts[off], axis=1)))
+
+
 def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
                    ylim=LIMITS[1], columns: int = 4) -> Figure:
-    """Where each method's final global models ended (one dot per seed), one panel per method."""
+    """Where each method's final global models ended (one dot per seed), one panel per method.
+
+    White: in the flat basin; red: not. Models beyond the frame are triangles on its edge.
+    """
     algorithms = sorted({r["algorithm"] for r in rows})
     n_rows = -(-len(algorithms) // columns)
     fig, axes = plt.subplots(n_rows, columns, figsize=(3.2 * columns, 3.2 * n_rows),
@@ -252,7 +309,13 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
         colors = ["white" if f else "red" for f in flat]
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, c=colors, lw=0.3,
                    edgecolors="k", zorder=3)
-        ax.set_title(f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat", fontsize=10)
+        off, distance = draw_off_frame(ax, pts, colors, xlim, ylim)
+        ax.set_xlim(*xlim)  # the scatter must not widen the frame it is drawn in
+        ax.set_ylim(*ylim)
+        title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
+        if off:
+            title += f"\n{off} off the map (median |w| {distance:.1f})"
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -189,8 +189,8 @@ def mutation_points(center: Sequence[float], update: Sequence[float], *, kind: s
 
     ``kind`` is "sign" (FedMut) or "gaussian"; ``qp_prob`` > 0 adds FedQP's projection.
     ``layerwise=True`` is what the strategies do (x and y mutate separately: the corners of
-    a rectangle); ``layerwise=False`` treats (x, y) as one vector: a circle, and with
-    projection a fan.
+    a rectangle); ``layerwise=False`` treats (x, y) as one vector: a circle of radius
+    alpha * |g|, and with projection the outline of a fan (half circle and diameter).
     """
     from flnotes.algorithms.mutation import gaussian_mutations, project_mutants, sign_mutations
 

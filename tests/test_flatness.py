@@ -283,3 +283,49 @@ def test_evaluate_points_checks_coordinate_shape():
     dirs = model_directions(model, state, 2)
     with pytest.raises(ValueError, match="columns"):
         evaluate_points(model, state, dirs, torch.zeros(3, 1), x, y)
+
+
+# ---- figures ---------------------------------------------------------------------------------
+def test_surface_windows_follow_each_model_and_the_typical_rise():
+    import numpy as np
+
+    from flnotes.flatness_plots import surface_windows
+
+    bowl = np.add.outer(np.linspace(-1, 1, 5) ** 2, np.linspace(-1, 1, 5) ** 2)
+    arrays = [1.0 + bowl, 1.1 + bowl, 5.0 + 20 * bowl]  # the last: higher and sharper
+    floors, height = surface_windows(arrays)
+    assert floors == pytest.approx([1.0, 1.1, 5.0])
+    assert height == pytest.approx(np.percentile(bowl, 98))  # the typical rise, not the outlier's
+
+
+def test_surfaces_cut_values_above_the_window_instead_of_flattening_them(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from mpl_toolkits.mplot3d import Axes3D
+
+    from flnotes.flatness_plots import plot_surfaces
+
+    drawn = []
+    original = Axes3D.plot_surface
+
+    def spy(self, x, y, z, *args, **kwargs):
+        drawn.append(np.asarray(z))
+        return original(self, x, y, z, *args, **kwargs)
+
+    monkeypatch.setattr(Axes3D, "plot_surface", spy)
+    axis = torch.linspace(-1, 1, 5)
+    bowl = axis[:, None] ** 2 + axis[None, :] ** 2
+    planes = {name: {"alphas": axis, "betas": axis, "loss": base + scale * bowl}
+              for name, base, scale in [("a", 1.0, 1.0), ("b", 1.1, 1.0), ("sharp", 5.0, 2.0)]}
+    fig = plot_surfaces(planes)
+    plt.close(fig)
+    sharp = drawn[2]
+    top = fig.axes[2].get_zlim()[1]
+    assert fig.axes[2].get_zlim()[0] == pytest.approx(5.0)  # its own floor, not the others'
+    # Points above the window are left out (NaN), not set to the ceiling (a flat lid).
+    expected = (5.0 + 2.0 * bowl).numpy() <= top + 1e-12
+    assert (np.isfinite(sharp) == expected).all() and 0 < expected.sum() < expected.size
+    assert np.nanmax(sharp) <= top

@@ -140,3 +140,15 @@ def test_bad_inputs_are_reported():
         L.make_federation("nope")
     with pytest.raises(ValueError, match="depth, width"):
         L.Landscape([L.Well((0.0, 0.0), depth=-1.0, width=1.0)])
+
+
+@pytest.mark.parametrize("sharp_width", [0.1, 0.2, 0.6])
+def test_flat_and_sharp_minima_are_converged_minima(sharp_width):
+    # Notebook 01's table and its shift figure both read these points: they must be minima
+    # (zero gradient) for every width the slider offers, the narrowest included.
+    land = L.flat_and_sharp(sharp_width=sharp_width)
+    minima = L.flat_and_sharp_minima(land)
+    assert L.gradient(land, minima).abs().max() < 1e-8
+    assert minima[0, 0] < 0 < minima[1, 0]  # flat well on the left, sharp on the right
+    top = L.top_eigenvalue(land, minima)
+    assert (top > 0).all() and top[0] < top[1]

@@ -57,7 +57,7 @@ def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
     explorer = widgets.shift_explorer()
     explorer._ipython_display_()
     assert isinstance(shown[0], Figure) and shown[1] is explorer.box  # picture, then sliders
-    explorer.set(test_shift=0.3)
+    explorer.set(test_shift=0.4)  # the default is 0.3: a move, so a redraw
     assert len(updates) == 1 and isinstance(updates[0], Figure)
 
 
@@ -97,3 +97,29 @@ def test_plot_functions_return_figures():
     # The trajectory panel draws the run's global path.
     lines = [line for line in figures[4].axes[0].lines if line.get_label() == "global model"]
     assert torch.allclose(torch.tensor(lines[0].get_xydata()), points["global"].double())
+
+
+def test_shift_figure_gaps_are_the_notebooks_test_minus_train():
+    from flnotes.landscapes import flat_and_sharp, flat_and_sharp_minima
+
+    train = flat_and_sharp()
+    minima = flat_and_sharp_minima(train)
+    gaps = train.shifted((0.3, 0.0))(minima) - train(minima)
+    texts = [t.get_text() for t in widgets.draw_shift(test_shift=0.3).axes[0].texts]
+    for name, gap in zip(("flat", "sharp"), gaps.tolist(), strict=True):
+        assert any(t.startswith(f"{name}:") and f"gap {gap:+.3f}" in t for t in texts)
+
+
+def test_endpoints_count_models_beyond_the_frame():
+    fed = make_federation("fedmut-fig1")
+    rows = [{"algorithm": "fedqp", "x": x, "y": y, "accuracy": 0.0}
+            for x, y in [(0.0, 1.0), (9.0, 0.0), (0.0, -12.0)]]
+    ax = plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=1).axes[0]
+    assert "2 off the map (median |w| 10.5)" in ax.get_title()
+    assert ax.get_xlim() == pytest.approx(plots.LIMITS[0])  # the frame did not grow
+
+
+def test_log_colour_scale_and_label():
+    fig = plots.plot_landscape(lambda p: p.pow(2).sum(-1) * 10 - 0.05, num=21, log=True,
+                               label="curvature")
+    assert fig.axes[-1].get_ylabel() == "curvature"  # the colour bar
