@@ -137,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(_row_line(row, config.dataset))
     from flnotes.plots import plot_learning_curves
 
-    fig = plot_learning_curves({config.algorithm: history})
+    fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
     png = Path(config.run_dir) / "learning_curve.png"
     fig.savefig(png, dpi=120)
     print(f"status: {history.status}; run folder: {config.run_dir}; curve: {png}")
@@ -178,7 +178,7 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
           f"{_number(sample_std(finals))} (sample std, ddof=1, of each seed's "
           "last-evaluations mean)")
     fig = plot_learning_curves({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
-                               title=f"{config.algorithm}, {len(seeds)} seeds")
+                               title=f"{_curve_title(config)}, {len(seeds)} seeds")
     png = Path(config.run_dir) / "learning_curves.png"
     fig.savefig(png, dpi=120)
     print(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
@@ -221,6 +221,15 @@ def default_run_name(config: RunConfig, seeds: bool = False) -> str:
     head = f"{config.algorithm}-{config.dataset}-{config.partition}"
     seed = "seeds" if seeds else f"seed{config.seed}"
     return f"{head}-{seed}-{settings_digest(config)}"
+
+
+def _curve_title(config) -> str:
+    """A learning curve's title: "fedmut on cifar10 (cnn), dirichlet 0.5, 10 of 100 clients"."""
+    config = config.resolved()
+    split = config.partition + (f" {config.dirichlet_alpha}" if config.partition == "dirichlet"
+                                else "")
+    return (f"{config.algorithm} on {config.dataset} ({config.model}), {split}, "
+            f"{config.clients_per_round} of {config.num_clients} clients")
 
 
 def _row_line(row: dict, dataset: str) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def plot_learning_curves(
@@ -24,6 +25,7 @@ def plot_learning_curves(
     for label, h in histories.items():
         ax.plot(h.rounds_of(metric), h.metric(metric), marker="o", ms=3, label=label)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no round 2.5
     ax.set_ylabel(metric.replace("_", " "))
     ax.grid(alpha=0.3)
     ax.legend()

@@ -94,6 +94,8 @@ def test_plot_functions_return_figures():
     ]
     for fig in figures:
         assert isinstance(fig, Figure) and fig.axes
+    rounds = figures[-1].axes[0].get_xticks()
+    assert all(float(r).is_integer() for r in rounds)  # rounds are whole numbers
     # The trajectory panel draws the run's global path.
     lines = [line for line in figures[4].axes[0].lines if line.get_label() == "global model"]
     assert torch.allclose(torch.tensor(lines[0].get_xydata()), points["global"].double())
