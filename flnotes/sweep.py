@@ -23,6 +23,7 @@ import yaml
 
 from flnotes import grid as grid_file
 from flnotes.grid import REPO_ROOT, Cell, Grid, GridError, load_grid
+from flnotes.notebooks import quiet_kernel_manager
 
 # ---------------------------------------------------------------- execution
 
@@ -72,7 +73,8 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
         with _environment(PYTHONPATH=path):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
                                 cwd=str(folder), progress_bar=False, log_output=False,
-                                kernel_name="python3")
+                                kernel_name="python3",
+                                kernel_manager_class=quiet_kernel_manager())
         record["status"] = "completed"
     except Exception as err:  # a failed cell is recorded; the batch goes on
         record["status"] = "failed"

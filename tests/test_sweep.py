@@ -41,7 +41,7 @@ def test_device_slots_round_robin():
     assert sweep.device_slots(3, visible="4,6") == ["4", "6", "4"]
 
 
-def test_run_records_failures_and_resumes(tmp_path, notebook):
+def test_run_records_failures_and_resumes(tmp_path, notebook, capfd):
     spec = {"notebook": notebook.name, "paper_table": "fedmut_table1",
             "labels": {"model": "CNN", "heterogeneity": "iid"},
             "grid": {"x": [40, 50], "fail": {"ok": {"fail": False}, "broken": {"fail": True}}},
@@ -60,6 +60,9 @@ def test_run_records_failures_and_resumes(tmp_path, notebook):
     ok = summary[summary["status"] == "completed"].set_index("x")
     assert ok.loc["40", "acc_last10"] == 40.0 and ok.loc["50", "acc_last10"] == 50.0
     assert (out / "summary.csv").exists()
+    # One kernel per cell, none warning about plain TCP (an ipykernel >= 7.3 warning that
+    # would otherwise print once per cell of a sweep).
+    assert "without encryption" not in capfd.readouterr().err
 
     # Re-run: completed cells are skipped, the failed one runs again (and fails again).
     again = sweep.run_sweep(grid, out, progress=False)
