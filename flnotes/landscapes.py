@@ -11,6 +11,7 @@ mean. Everything is pure torch and vectorised over points of shape ``(..., 2)``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -220,7 +221,16 @@ def make_federation(name: str = "fedmut-fig1", **options) -> Federation:
     """A named federation of client landscapes (see ``LANDSCAPES``) with options passed on."""
     if name not in LANDSCAPES:
         raise ValueError(f"unknown landscape {name!r}; choose one of {sorted(LANDSCAPES)}")
-    return LANDSCAPES[name](**options)
+    try:
+        return LANDSCAPES[name](**options)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        # An option the builder does not take (a typo in data_options): say which it does.
+        accepted = ", ".join(p for p in inspect.signature(LANDSCAPES[name]).parameters
+                             if p != "kwargs")
+        raise ValueError(f"landscape {name!r} has no such option ({err}); its options are "
+                         f"{accepted}") from err
 
 
 # ---- evaluation, derivatives and sharpness ----------------------------------------------------

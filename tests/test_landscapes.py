@@ -152,3 +152,10 @@ def test_flat_and_sharp_minima_are_converged_minima(sharp_width):
     assert minima[0, 0] < 0 < minima[1, 0]  # flat well on the left, sharp on the right
     top = L.top_eigenvalue(land, minima)
     assert (top > 0).all() and top[0] < top[1]
+
+
+def test_a_mistyped_landscape_option_names_the_accepted_ones():
+    with pytest.raises(ValueError, match="no such option.*'shfit'.*shift"):
+        L.make_federation("fedmut-fig1", shfit=0.5)
+    with pytest.raises(ValueError, match="no such option"):
+        L.make_federation("fedmut-fig2", sharp_widht=0.2)  # through fig2's **kwargs
