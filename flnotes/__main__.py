@@ -47,7 +47,14 @@ def _parse_option(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
-    return key, yaml.safe_load(value)
+    parsed = yaml.safe_load(value)
+    if isinstance(parsed, str):
+        # YAML 1.1 reads 1e-3 (no dot) as text: take any number Python reads as a number.
+        try:
+            parsed = float(parsed)
+        except ValueError:
+            pass
+    return key, parsed
 
 
 def _field_choices() -> dict[str, list[str]]:
@@ -130,9 +137,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(interruption_report(config.run_dir), file=sys.stderr)
         return EXIT_INTERRUPTED
     if not printed and history.rows:  # a finished folder, reloaded: show what it holds
+        go_on = ("raise --rounds to continue it, or delete the folder to run it again"
+                 if history.status == "completed" else
+                 "a diverged run is not continued: change a setting (e.g. --lr) or delete "
+                 "the folder to run it again")
         print(f"{config.run_dir} already holds this run ({history.status}, "
-              f"{len(history.rows)} rounds): showing it; raise --rounds to continue it, or "
-              "delete the folder to run it again")
+              f"{len(history.rows)} rounds): showing it; {go_on}")
         for row in history.rows:
             print(_row_line(row, config.dataset))
     from flnotes.plots import plot_learning_curves

@@ -35,7 +35,7 @@ DEFAULT_MODEL = {
 
 @dataclass(frozen=True)
 class RunConfig:
-    """All settings of one federated run (see DESIGN.md for what each algorithm reads)."""
+    """All settings of one federated run (``python -m flnotes run --help`` says what each does)."""
 
     # what to run
     algorithm: str = "fedavg"

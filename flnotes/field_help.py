@@ -27,7 +27,7 @@ FIELD_HELP = {
                             "(default: the algorithm's, 0.1 for fml, else 0)",
     "num_clients": "number of clients in the federation",
     "clients_per_round": "clients sampled (without replacement) each round",
-    "rounds": "communication rounds; a larger value on a finished run folder continues it",
+    "rounds": "communication rounds; a larger value on a completed run folder continues it",
     "local_epochs": "epochs each sampled client trains per round",
     "batch_size": "client mini-batch size",
     "lr": "client SGD learning rate",

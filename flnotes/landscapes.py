@@ -221,16 +221,23 @@ def make_federation(name: str = "fedmut-fig1", **options) -> Federation:
     """A named federation of client landscapes (see ``LANDSCAPES``) with options passed on."""
     if name not in LANDSCAPES:
         raise ValueError(f"unknown landscape {name!r}; choose one of {sorted(LANDSCAPES)}")
-    try:
-        return LANDSCAPES[name](**options)
-    except TypeError as err:
-        if "unexpected keyword argument" not in str(err):
-            raise
-        # An option the builder does not take (a typo in data_options): say which it does.
-        accepted = ", ".join(p for p in inspect.signature(LANDSCAPES[name]).parameters
-                             if p != "kwargs")
-        raise ValueError(f"landscape {name!r} has no such option ({err}); its options are "
-                         f"{accepted}") from err
+    unknown = sorted(set(options) - set(landscape_options(name)) - {"num_clients"})
+    if unknown:  # a typo in data_options: say what the landscape takes
+        raise ValueError(f"landscape {name!r} has no option {', '.join(map(repr, unknown))}; "
+                         f"its options are {', '.join(landscape_options(name))}")
+    return LANDSCAPES[name](**options)
+
+
+def landscape_options(name: str) -> list[str]:
+    """The shape options a named federation takes (num_clients aside: the run sets it)."""
+    builder = LANDSCAPES[name]
+    names = []
+    for param in inspect.signature(builder).parameters.values():
+        if param.kind is param.VAR_KEYWORD:  # fedmut-fig2 hands the rest to flat_and_sharp
+            names += list(inspect.signature(flat_and_sharp).parameters)
+        elif param.name != "num_clients":
+            names.append(param.name)
+    return names
 
 
 # ---- evaluation, derivatives and sharpness ----------------------------------------------------

@@ -4,7 +4,7 @@ Every constructor takes ``(num_classes, input_shape)``, where ``input_shape`` is
 shape without the batch dimension: (3, 32, 32) CIFAR, (1, 28, 28) MNIST/FEMNIST, (80,) a
 Shakespeare window of token ids. Models return logits. There is no dropout anywhere, so a
 training run is a function of the seed and the data order; parameters are created in forward
-order, so the ``state_dict`` lists the "layers" (DESIGN.md) from input to output.
+order, so the ``state_dict`` lists the "layers" (its entries) from input to output.
 """
 
 from __future__ import annotations

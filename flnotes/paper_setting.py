@@ -19,11 +19,12 @@ from flnotes.tables import KEY, derived_labels
 SWEEP_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 # Fields every method's result depends on; ALGORITHM_FIELDS adds those one method reads, so a
 # FedAvg run is not flagged for an unused FedMut alpha.
-SETTING_FIELDS = ("dataset", "model", "rounds", "num_clients", "clients_per_round",
+SETTING_FIELDS = ("dataset", "model", "partition", "rounds", "num_clients", "clients_per_round",
                   "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "weighting",
                   "client_test_fraction", "data_options", "min_client_size")
 PARTITION_FIELDS = {"dirichlet": ("dirichlet_alpha",), "shards": ("shards_per_client",)}
-ALGORITHM_FIELDS = {"fedprox": ("mu",), "fedmut": ("alpha", "beta0", "beta_rounds"),
+ALGORITHM_FIELDS = {"fedprox": ("mu",),
+                    "fedmut": ("alpha", "beta0", "beta_rounds", "mutation"),
                     "fedqp": ("alpha", "beta0", "beta_rounds", "qp_prob", "mutation"),
                     "fedmr": ("stage1_rounds", "segments"),
                     "fml": ("personal_weight", "meme_weight"), "fedup": ("alpha",)}

@@ -29,7 +29,7 @@ from flnotes.train import train_clients
 
 # Fields that may differ when resuming a run folder without changing its results.
 RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile", "run_dir",
-                     "eval_batch_size"}
+                     "eval_batch_size", "download"}
 
 
 def sample_clients(config, round: int) -> list[int]:
@@ -195,6 +195,8 @@ def interruption_report(run_dir: str | Path) -> str:
     if not meta_file.exists():
         return "interrupted before the first round; run the same command again to start over"
     meta = json.loads(meta_file.read_text())
+    if meta.get("status") in ("completed", "diverged"):  # e.g. a seed that finished first
+        return f"{meta['status']}; nothing to resume"
     if meta.get("status") == "running":
         meta["status"] = "interrupted"
         _write_json(meta_file, meta)

@@ -1,7 +1,7 @@
 """Model state as an ordered mapping of layer name -> tensor, and the arithmetic on it.
 
 Every algorithm is written over states, so the same code runs on a 2-parameter toy
-model and on a ResNet. "Layer" means one entry of a ``state_dict`` (DESIGN.md).
+model and on a ResNet. "Layer" means one entry of a ``state_dict``.
 Integer buffers (BatchNorm's ``num_batches_tracked``) are never mixed: they are copied
 from the first state.
 """

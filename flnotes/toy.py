@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from flnotes.landscapes import Federation, make_federation, top_eigenvalue
+from flnotes.landscapes import (
+    LANDSCAPES,
+    Federation,
+    landscape_options,
+    make_federation,
+    top_eigenvalue,
+)
 from flnotes.rng import torch_generator
 from flnotes.tasks import Task, split_clients
 
@@ -137,6 +143,15 @@ def build_task(config) -> ToyTask:
     """The toy federation of a config (dataset "toy"): landscapes, noise rows, start point."""
     config = config.resolved()
     toy, shape = split_options(dict(config.data_options))
+    if "num_clients" in shape:
+        raise ValueError("toy data_options: num_clients is RunConfig.num_clients "
+                         "(--num-clients), not a data option")
+    if toy["landscape"] in LANDSCAPES:
+        unknown = sorted(set(shape) - set(landscape_options(toy["landscape"])))
+        if unknown:
+            raise ValueError(f"toy data_options {unknown} unknown: the toy takes "
+                             f"{', '.join(TOY_KEYS)}, and landscape {toy['landscape']!r} takes "
+                             f"{', '.join(landscape_options(toy['landscape']))}")
     federation = make_federation(toy["landscape"], num_clients=config.num_clients, **shape)
     start = start_point(config, toy)
     n = int(toy["samples_per_client"])

@@ -112,7 +112,7 @@ def train_clients_vmap(
     order = sorted(range(len(clients)), key=lambda i: -sizes[i])
     # The largest group that fitted in an earlier round of this task: later rounds start
     # there instead of running out of memory again.
-    fitted = ("vmap-group-size", config.batch_size)
+    fitted = ("vmap-group-size", strategy.name, config.batch_size)  # FML: two models a lane
     chunk = chunk_size or min(len(order), task.backend_cache.get(fitted, len(order))) or 1
     results: dict[int, ClientResult] = {}
     done = 0

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from flnotes.__main__ import build_parser, default_run_name, main
+from flnotes.__main__ import _parse_option, build_parser, default_run_name, main
 from flnotes.config import RunConfig, field_names
 from flnotes.field_help import FIELD_HELP
 
@@ -130,3 +130,21 @@ def test_seeds_report_the_sample_std(tmp_path, capsys):
             ["last_mean"] for s in (0, 1))
     std = abs(a - b) / math.sqrt(2)  # sample std (ddof=1) of two values
     assert f"mean +- std over 2 seeds: {(a + b) / 2:.4f} +- {std:.4f}" in out
+
+
+def test_data_option_values_are_read_as_yaml_and_numbers():
+    assert _parse_option("noise=1e-3") == ("noise", 0.001)  # YAML 1.1 alone: the text '1e-3'
+    assert _parse_option("num_train=400") == ("num_train", 400)
+    assert _parse_option("coarse=true") == ("coarse", True)
+    assert _parse_option("source=plays") == ("source", "plays")
+    assert _parse_option("max_roles=null") == ("max_roles", None)
+
+
+def test_a_diverged_folder_is_not_offered_more_rounds(tmp_path, capsys):
+    args = ["run", "--lr", "1e6", "--momentum", "0", "--rounds", "3",
+            "--run-dir", str(tmp_path / "div"), *SMALL]
+    main(args)
+    capsys.readouterr()
+    main([*args[:6], "6", *args[7:]])  # more rounds: still diverged, not continued
+    out = capsys.readouterr().out
+    assert "(diverged" in out and "not continued" in out and "raise --rounds" not in out

@@ -318,3 +318,17 @@ def test_interruption_before_the_first_checkpoint_says_it_starts_over(
     report = interruption_report(folder)
     assert "after round 1, before the first checkpoint" in report and "start over" in report
     assert "first round" in interruption_report(tmp_path / "never-started")
+
+
+def test_finished_folders_are_reported_as_such_and_download_may_change(tiny_config, tmp_path):
+    from flnotes.sim import interruption_report
+
+    folder = tmp_path / "r"
+    config = tiny_config.replace(rounds=2, run_dir=str(folder))
+    first = run(config, progress=False)
+    # A seed that finished before Ctrl-C stopped its siblings is not "interrupted".
+    assert interruption_report(folder) == "completed; nothing to resume"
+    assert json.loads((folder / "run.json").read_text())["status"] == "completed"
+    # Fetching the data or not changes no result: the folder is the same run.
+    again = run(config.replace(download=not config.download), progress=False)
+    assert again.rows == first.rows

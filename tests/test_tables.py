@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from flnotes import tables
-from flnotes.paper_setting import paper_settings
+from flnotes.paper_setting import paper_settings, setting_differences
 
 
 def test_run_metrics_against_hand_computed_numbers():
@@ -192,6 +192,16 @@ def test_paper_settings_expand_the_tables_grid():
         "resnet18", 0.5, 2000, 0.1)
     assert settings[("CIFAR-100", "VGG-16", "iid", "FedAvg")]["model"] == "vgg16"
     assert paper_settings("fedmr_table1") == {}  # no grid in sweeps/: nothing to check
+
+
+def test_another_partition_or_mutation_is_not_the_papers_setting():
+    paper = paper_settings("fedmut_table1")[("CIFAR-10", "CNN", "dir=0.1", "FedMut")]
+    run = dict(paper, algorithm="fedmut", mutation="sign")
+    assert setting_differences([run], paper) == []
+    assert setting_differences([dict(run, partition="iid")], paper) == [
+        "partition iid instead of dirichlet"]
+    assert setting_differences([dict(run, mutation="gaussian")], dict(paper, mutation="sign")) == [
+        "mutation gaussian instead of sign"]
 
 
 def test_runs_off_the_papers_setting_are_marked(tmp_path):

@@ -154,3 +154,10 @@ def test_race_in_worker_processes_gives_the_same_rows():
     serial = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2)
     parallel = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2, processes=2)
     assert parallel == serial
+
+
+def test_unknown_toy_options_are_named_with_what_the_toy_takes():
+    with pytest.raises(ValueError, match=r"\['foo'\] unknown.*samples_per_client.*shift"):
+        build_task(_config(data_options={"foo": 1}))
+    with pytest.raises(ValueError, match="num_clients is RunConfig.num_clients"):
+        build_task(_config(data_options={"num_clients": 3}))

@@ -1,4 +1,4 @@
-"""The strategy interface every federated algorithm implements (DESIGN.md).
+"""The strategy interface every federated algorithm implements.
 
 A round is: ``dispatch`` (the state each sampled client starts from), local training (by
 a backend in :mod:`flnotes.train`, adding ``local_penalty`` to the loss, or the

@@ -5,7 +5,7 @@ tensor) is shuffled across the K models with its own random permutation, so ever
 every local model is used by exactly one recombined model (FedMR Sec. 4.2.2); recombined
 model i starts local training on the i-th sampled client of the next round (Alg. 1 l.5).
 
-Decisions where the paper leaves room (see also DESIGN.md):
+Decisions where the paper leaves room:
 
 - Two-stage training (Sec. 4.3): rounds ``<= stage1_rounds`` are uniform FedAvg. The first
   recombination round, ``stage1_rounds + 1``, recombines the local models trained in round
@@ -21,7 +21,7 @@ Decisions where the paper leaves room (see also DESIGN.md):
   default) is per-layer FedMR. p must not exceed the number of float layers.
 - BatchNorm running statistics are float layers, so they are shuffled like any other layer.
   Integer buffers (``num_batches_tracked``) are copied from the first local model, as for
-  every method (DESIGN.md), and do not count as layers for the segments.
+  every method, and do not count as layers for the segments.
 - The reported global model (evaluated each round) is the mean of the round's local models
   (Sec. 5.3, Fig. 9: "an aggregated version of all the local models"); uniform by default
   (App. A.1: "all the models have the same weight"). Clients never train from it in stage 2.
@@ -78,7 +78,7 @@ def recombine(
     models: list[OrderedDict[str, torch.Tensor]] = [OrderedDict() for _ in states]
     for name, first in states[0].items():
         for i, model in enumerate(models):
-            # Integer buffers are never shuffled: they come from the first state (DESIGN.md).
+            # Integer buffers are never shuffled: they come from the first state.
             model[name] = states[source_of[name][i]][name] if name in source_of else first
     return models
 

@@ -4,7 +4,7 @@ After each aggregation the server keeps g = w_glb(r) - w_glb(r-1) and, next roun
 each of the K sampled clients w_glb + alpha * v * g, with per-layer balanced signs
 v in {1, -1 + beta_t} (Alg. 1-2, eq. 2-5; functions in :mod:`.mutation`).
 
-Decisions where the paper leaves room (DESIGN.md "Algorithm decisions"):
+Decisions where the paper leaves room:
 
 - Round 1 has no g yet, so every client gets the initial model (Alg. 1 l.2).
 - t in eq. 5 is not defined in the paper. We follow the official code, whose 0-based
@@ -15,10 +15,12 @@ Decisions where the paper leaves room (DESIGN.md "Algorithm decisions"):
   be negative; it is only an estimate (training uses batch statistics) and local training
   pulls it back, so we leave it. Integer buffers are never mutated (the official code
   mutates and truncates them; we copy them).
-- Odd K: the last mutant is the plain global model (official code; Alg. 2 puts it first).
+- Odd K: one mutant is the plain global model (Alg. 2 puts it first, the official code
+  last), at a random position: the sampled clients arrive sorted, and a fixed slot would
+  always give it to the same client rank.
 - Aggregation is the uniform mean (official code), unless ``config.weighting`` says else.
 - ``config.mutation="gaussian"`` swaps the sign mutation for a random direction of the
-  same per-layer length (DESIGN.md; used to draw the circle next to FedQP's fan).
+  same per-layer length (used to draw the circle next to FedQP's fan).
 """
 
 from __future__ import annotations

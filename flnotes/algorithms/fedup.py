@@ -12,7 +12,7 @@ smoothness constant. Its gradient is (alpha/eta)(X^(t-1) - X^t) + alpha (X - X^t
 step on the penalty alone, from X^t, moves by alpha (X^t - X^(t-1)), i.e. along the last
 global update.
 
-Decisions (see also DESIGN.md):
+Decisions:
 
 - X^(-1) = X^0: in round 1 there is no previous global model, so the linear term vanishes
   and round 1 is FedProx with mu = alpha. (Alg. 1 takes X^0 as input but dispatches X^t from

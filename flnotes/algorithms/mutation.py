@@ -105,7 +105,7 @@ def gaussian_mutations(
 ) -> list[State]:
     """``num_models`` mutants w + m, m a uniformly random direction of norm alpha * ||g_layer||.
 
-    Not in either paper: DESIGN.md's 'gaussian' option, whose mutants fill the sphere
+    Not in either paper: the 'gaussian' option, whose mutants fill the sphere
     (the circle in 2-D) that FedMut's signs only sample at its corners. Every mutant is
     random (no plain global model for odd K) and beta is not used.
     """
