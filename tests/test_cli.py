@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from flnotes.__main__ import _parse_option, build_parser, default_run_name, main
+from flnotes.__main__ import _parse_option, build_parser, main
+from flnotes.cli_run import default_run_name
 from flnotes.config import RunConfig, field_names
 from flnotes.field_help import FIELD_HELP
 
