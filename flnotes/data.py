@@ -29,6 +29,9 @@ class TensorData:
     test_x: torch.Tensor
     test_y: torch.Tensor
     num_classes: int
+    # Where the data came from when it is not the usual copy, e.g. "a JPEG image folder":
+    # a run records it, and tables mark results read from a lossy copy.
+    source: str = ""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -158,6 +161,8 @@ def load_image_folder(root: Path, cache_dir: Path | None = None) -> dict:
     if cache.exists():
         return torch.load(cache, weights_only=True)
     out: dict = {"classes": listing["train"][0]}
+    suffixes = {os.path.splitext(f)[1].lower() for v in listing.values() for f in v[1]}
+    out["jpeg"] = bool(suffixes) and suffixes <= {".jpg", ".jpeg"}  # lossy re-encoding
     for split, (_, files, labels, _) in listing.items():
         if not files:
             raise FileNotFoundError(f"no image files under {root / split}")
@@ -191,7 +196,12 @@ def load_cifar(
             if len(d["classes"]) != num_classes:
                 raise ValueError(f"{root} has {len(d['classes'])} class folders, not {num_classes}")
             xs = [_normalise(d[k], name) for k in ("train_x", "test_x")]
-            return TensorData(name, xs[0], d["train_y"], xs[1], d["test_y"], num_classes)
+            # A cache written before "jpeg" was recorded: look at the files again.
+            jpeg = d["jpeg"] if "jpeg" in d else all(
+                os.path.splitext(f)[1].lower() in (".jpg", ".jpeg")
+                for f in _image_files(root / "train")[1])
+            return TensorData(name, xs[0], d["train_y"], xs[1], d["test_y"], num_classes,
+                              source="a JPEG image folder" if jpeg else "an image folder")
     pickle_dir = data_dir / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
     if not pickle_dir.is_dir() and not download:
         looked = [str(r / s) for r in folder_roots for s in ("train", "test")]

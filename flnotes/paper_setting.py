@@ -60,10 +60,16 @@ def paper_settings(table: str, sweep_dir: Path = SWEEP_DIR) -> dict[tuple, dict]
 
 
 def setting_differences(configs: list[dict], paper: dict | None) -> list[str]:
-    """How runs' configs differ from a cell's paper setting, e.g. '3 rounds instead of 2000'."""
+    """How runs' configs differ from a cell's paper setting, e.g. '3 rounds instead of 2000'.
+
+    A run read from a lossy copy of its data (``data_source``, from the run's environment,
+    e.g. "a JPEG image folder") is marked too, with or without a paper setting to check.
+    """
+    notes = [f"{config['dataset']} read from {config['data_source']} (lossy: quote as "
+             f"'{config['dataset']} (JPEG)')" for config in configs
+             if "JPEG" in str(config.get("data_source", ""))]
     if not paper:
-        return []
-    notes = []
+        return list(dict.fromkeys(notes))
     for config in configs:
         fields = SETTING_FIELDS + PARTITION_FIELDS.get(paper.get("partition"), ()) \
             + ALGORITHM_FIELDS.get(config.get("algorithm"), ())

@@ -58,7 +58,10 @@ class Simulation:
         config.check_device()  # before loading data: "no GPU here", not a CUDA traceback
         self.task = task if task is not None else build_task(config)
         device = resolve_device(config.device)
-        self.history = History(config=config.to_dict(), environment=environment_info(device),
+        environment = environment_info(device)
+        if getattr(self.task, "data_source", ""):
+            environment["data_source"] = self.task.data_source
+        self.history = History(config=config.to_dict(), environment=environment,
                                code_version=code_version(), run_dir=config.run_dir)
         self.strategy = build_strategy(config, initial_state(config, self.task))
         self.start_round = 1

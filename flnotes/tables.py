@@ -127,7 +127,10 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                      **{f"acc_{k}": v for k, v in acc.items()},
                      "personal_last_mean": personal["last_mean"],
                      "seconds_per_round": float(np.mean(seconds)) if seconds else float("nan"),
-                     "run_dir": str(run_dir), "config": config})
+                     "run_dir": str(run_dir),
+                     # (where the data came from: a lossy copy is marked, paper_setting)
+                     "config": {**config, "data_source":
+                                meta.get("environment", {}).get("data_source", "")}})
     columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
                "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
                "personal_last_mean", "seconds_per_round", "run_dir", "config"]

@@ -41,6 +41,7 @@ class Task:
     # Which tensor client_test_indices index: "train" (rows held out of the client's own
     # training share) or "test" (a natural split's per-client test rows, e.g. LEAF).
     client_test_source: str = "train"
+    data_source: str = ""  # TensorData.source: e.g. "a JPEG image folder" (recorded by a run)
     _working_model: nn.Module | None = field(default=None, init=False, repr=False)
     # Built once per run by a training backend (e.g. the compiled step), keyed by it.
     backend_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -205,6 +206,7 @@ def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_sourc
         num_classes=data.num_classes,
         client_test_indices=[to(p) for p in test_parts] if test_parts else None,
         client_test_source=test_source,
+        data_source=getattr(data, "source", ""),
     )
 
 

@@ -367,3 +367,37 @@ def test_load_dataset_refuses_an_unknown_option_before_loading():
     # Without the check the loader itself raises a TypeError that names no valid option.
     with pytest.raises(ValueError, match="has no option 'num_trian'.*did you mean 'num_train'"):
         load_dataset("synthetic", num_trian=10)
+
+
+def test_a_jpeg_copy_is_recorded_by_a_run_and_marked_in_tables(tmp_path):
+    """The JPEG copy of CIFAR-10 re-encodes every image: a run says so, tables mark it."""
+    from PIL import Image
+
+    from flnotes import tables
+    from flnotes.config import RunConfig
+    from flnotes.sim import run
+
+    mixed = tmp_path / "mixed"  # PNG with one JPEG per class: not a JPEG copy
+    write_image_folder(mixed, CIFAR10_CLASSES, {"train": 1, "test": 1})
+    assert load_dataset("cifar10", data_dir=mixed).source == "an image folder"
+    root = tmp_path / "cifar10-jpeg"
+    for split in ("train", "test"):
+        for label, cls in enumerate(CIFAR10_CLASSES):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(np.full((32, 32, 3), 20 * label + i, np.uint8)).save(
+                    root / split / cls / f"{i:04d}.jpg")
+    assert load_dataset("cifar10", data_dir=root).source == "a JPEG image folder"
+
+    config = RunConfig(dataset="cifar10", data_dir=str(root), model="cnn", partition="iid",
+                       num_clients=2, clients_per_round=2, rounds=1, batch_size=10,
+                       min_client_size=1, device="cpu", run_dir=str(tmp_path / "runs" / "r"))
+    history = run(config, progress=False)
+    assert history.environment["data_source"] == "a JPEG image folder"
+    result = tables.compare(tables.load_paper_table("fedmut_table1"),
+                            tables.aggregate(tables.collect_runs(tmp_path / "runs")),
+                            table="fedmut_table1")
+    cell = result[(result["dataset"] == "CIFAR-10") & (result["model"] == "CNN")
+                  & (result["heterogeneity"] == "iid") & (result["method"] == "FedAvg")]
+    assert "*" in tables.side_by_side(cell).iloc[0, 0]
+    assert "cifar10 read from a JPEG image folder" in "\n".join(tables.legend(result))
