@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from flnotes.tables import KEY, derived_labels
+from flnotes.tables import KEY, run_labels
 
 SWEEP_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 # Fields every method's result depends on; ALGORITHM_FIELDS adds those one method reads, so a
@@ -33,29 +32,25 @@ ALGORITHM_FIELDS = {"fedprox": ("mu",),
 def paper_settings(table: str, sweep_dir: Path = SWEEP_DIR) -> dict[tuple, dict]:
     """Table key -> the paper-scale parameters of that cell, from the table's grid in sweeps/.
 
-    Empty when no grid there names the table. Reads the YAML and expands it without the
-    notebook (no papermill): the parameters are the preset's fields and the cell's values.
+    Empty when no grid there names the table. The grid is expanded as a sweep would (its
+    preset's fields and each cell's values), without running anything.
     """
-    from flnotes.grid import expand
+    from flnotes.grid import load_grid
 
     settings: dict[tuple, dict] = {}
     for path in sorted(sweep_dir.glob("*.yaml")):
-        spec = yaml.safe_load(path.read_text())
-        if not isinstance(spec, dict) or spec.get("paper_table") != table:
+        grid = load_grid(path)
+        if grid.paper_table != table:
             continue
-        cells = expand(dict(spec.get("fixed") or {}), dict(spec.get("grid") or {}), [0],
-                       dict(spec.get("labels") or {}), seed_parameter="seed")
-        for cell in cells:
+        for cell in grid.cells:
             params = dict(cell.parameters)
             params.update(params.pop("extra", None) or {})
             algorithms = params.get("algorithms", params.get("algorithm"))
             algorithms = [algorithms] if isinstance(algorithms, str) else list(algorithms or [])
             for algorithm in algorithms:
-                labels = derived_labels({**params, "algorithm": algorithm})
-                labels.update({k: v for k, v in cell.labels.items()
-                               if k in KEY and not (k == "method" and len(algorithms) > 1)})
-                settings.setdefault(tuple(labels[k] for k in KEY),
-                                    {**params, "algorithm": algorithm})
+                setting = {**params, "algorithm": algorithm}
+                labels = run_labels(setting, cell.labels, algorithms)
+                settings.setdefault(tuple(labels[k] for k in KEY), setting)
     return settings
 
 

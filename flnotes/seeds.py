@@ -58,20 +58,27 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
     first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
     bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
                disable=not progress, initial=first - 1, total=config.rounds)
-    for rnd in bar:
-        active = [sim for sim in sims if sim.running and sim.start_round <= rnd]
-        if not active:
-            break
-        tic = time.perf_counter()
-        plans = [(sim, *sim.begin_round(rnd)) for sim in active]
-        trained = train_plans(plans, rnd)
-        seconds = time.perf_counter() - tic  # the stack's time, reported by every seed
-        rows = [sim.end_round(rnd, clients, starts, results, seconds)
-                for (sim, clients, starts), results in zip(plans, trained, strict=True)]
-        accuracies = [row["accuracy"] for row in rows if "accuracy" in row]
-        if accuracies:
-            bar.set_postfix(mean_acc=f"{sum(accuracies) / len(accuracies):.3f}",
-                            s_per_round=f"{seconds:.2f}")
+    try:
+        for rnd in bar:
+            active = [sim for sim in sims if sim.running and sim.start_round <= rnd]
+            if not active:
+                break
+            tic = time.perf_counter()
+            plans = [(sim, *sim.begin_round(rnd)) for sim in active]
+            trained = train_plans(plans, rnd)
+            seconds = time.perf_counter() - tic  # the stack's time, reported by every seed
+            rows = [sim.end_round(rnd, clients, starts, results, seconds)
+                    for (sim, clients, starts), results in zip(plans, trained, strict=True)]
+            accuracies = [row["accuracy"] for row in rows if "accuracy" in row]
+            if accuracies:
+                bar.set_postfix(mean_acc=f"{sum(accuracies) / len(accuracies):.3f}",
+                                s_per_round=f"{seconds:.2f}")
+    except KeyboardInterrupt:  # Ctrl-C: every run still going is marked, as run() does
+        bar.close()
+        for sim in sims:
+            if sim.running:
+                sim.interrupt()
+        raise
     bar.close()
     return [sim.finish() for sim in sims]
 

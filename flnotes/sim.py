@@ -188,10 +188,10 @@ def run(config, *, progress: bool = True, task=None,
 
 
 def interruption_report(run_dir: str | Path) -> str:
-    """Mark a stopped run folder "interrupted" and say how far it got and how to go on.
+    """How far a stopped run folder got and how to go on (a line for the command line).
 
-    For callers that stopped a run they do not hold (e.g. the seeds of run_seeds): reads
-    run.json and metrics.jsonl only.
+    Reads run.json and metrics.jsonl only: :meth:`Simulation.interrupt` has marked the
+    folder "interrupted" (run and run_seeds call it on Ctrl-C).
     """
     run_dir = Path(run_dir)
     meta_file = run_dir / "run.json"
@@ -200,9 +200,6 @@ def interruption_report(run_dir: str | Path) -> str:
     meta = json.loads(meta_file.read_text())
     if meta.get("status") in ("completed", "diverged"):  # e.g. a seed that finished first
         return f"{meta['status']}; nothing to resume"
-    if meta.get("status") == "running":
-        meta["status"] = "interrupted"
-        _write_json(meta_file, meta)
     last = _last_logged_round(run_dir / "metrics.jsonl")
     done = f"after round {last}" if last else "in its first round"
     checkpoint = meta.get("checkpoint_round")

@@ -93,6 +93,19 @@ def _cell_info(run_dir: Path, root: Path) -> dict:
     return {}
 
 
+def run_labels(config: dict, cell_labels: dict, algorithms) -> dict[str, str]:
+    """A run's table key: labels derived from its config, then its sweep cell's labels.
+
+    A cell's labels name the paper's setting; when a cell runs several algorithms, each run
+    keeps the method of its own algorithm.
+    """
+    labels = derived_labels(config)
+    several = isinstance(algorithms, list) and len(algorithms) > 1
+    labels.update({k: v for k, v in cell_labels.items()
+                   if k in KEY and not (k == "method" and several)})
+    return labels
+
+
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per run folder under root: table key, seed, status, run metrics and config."""
     root = Path(root)
@@ -109,13 +122,8 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
         config = meta.get("config", {})
         records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
         cell = _cell_info(run_dir, root)
-        labels = derived_labels(config)
-        # A cell's labels name the paper's setting; when a cell runs several algorithms, each
-        # run keeps the method of its own algorithm.
-        algorithms = cell.get("parameters", {}).get("algorithms")
-        several = isinstance(algorithms, list) and len(algorithms) > 1
-        labels.update({k: v for k, v in cell.get("labels", {}).items()
-                       if k in KEY and not (k == "method" and several)})
+        labels = run_labels(config, cell.get("labels", {}),
+                            cell.get("parameters", {}).get("algorithms"))
         acc = run_metrics([100 * r["accuracy"] for r in records if "accuracy" in r])
         personal = run_metrics([100 * r["personal_accuracy"] for r in records
                                 if "personal_accuracy" in r])

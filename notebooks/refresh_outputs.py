@@ -18,6 +18,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from flnotes.notebooks import quiet_kernel_manager
+
 MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
 
@@ -32,6 +34,7 @@ def refresh(path: Path, timeout: int = 1800) -> int:
     stored = nbformat.read(path, as_version=4)
     executed = nbformat.read(path, as_version=4)
     NotebookClient(executed, timeout=timeout, kernel_name="python3",
+                   kernel_manager_class=quiet_kernel_manager(),
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     changed = 0
     for old, new in zip(stored.cells, executed.cells, strict=True):

@@ -137,3 +137,20 @@ def test_seeds_share_identical_data(tiny_config, monkeypatch):
     monkeypatch.setattr(flnotes.data, "load_dataset", load)
     other = seeds_module.share_identical_data(build_task(tiny_config.replace(seed=3)), tasks[0])
     assert other.train_x is not tasks[0].train_x
+
+
+def test_ctrl_c_marks_every_stacked_seed_interrupted(tiny_config, tmp_path, monkeypatch):
+    def ctrl_c_in_round_2(plans, rnd):
+        if rnd == 2:
+            raise KeyboardInterrupt
+        return real_train(plans, rnd)
+
+    real_train = seeds_module.train_plans
+    monkeypatch.setattr(seeds_module, "train_plans", ctrl_c_in_round_2)
+    config = tiny_config.replace(algorithm="fedavg", backend="vmap", rounds=3,
+                                 run_dir=str(tmp_path / "cell"))
+    with pytest.raises(KeyboardInterrupt):
+        run_seeds(config, [0, 1], progress=False)
+    for seed in (0, 1):
+        meta = json.loads((tmp_path / "cell" / f"seed{seed}" / "run.json").read_text())
+        assert meta["status"] == "interrupted"
