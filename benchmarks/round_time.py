@@ -35,13 +35,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flnotes.algorithms import build_strategy  # noqa: E402
-from flnotes.config import RunConfig  # noqa: E402
-from flnotes.functional import StepContext, vmap_ready  # noqa: E402
+from flnotes.config import RunConfig# noqa: E402
+from flnotes.engine.batched.functional import StepContext, vmap_ready  # noqa: E402
 from flnotes.models import build_model  # noqa: E402
-from flnotes.tasks import Task  # noqa: E402
-from flnotes.train import train_clients_loop  # noqa: E402
-from flnotes.train_stacked import train_supervised  # noqa: E402
-from flnotes.train_vmap import train_clients_vmap  # noqa: E402
+from flnotes.engine.tasks import Task# noqa: E402
+from flnotes.engine.train import train_clients_loop# noqa: E402
+from flnotes.engine.batched.stacked import train_supervised  # noqa: E402
+from flnotes.engine.batched.vmap import train_clients_vmap# noqa: E402
 
 # backend name -> (RunConfig.backend, RunConfig.compile)
 BACKENDS = {"loop": ("loop", "off"), "vmap": ("vmap", "off"),
@@ -145,7 +145,7 @@ def measure(args: argparse.Namespace) -> dict:
             results = [train_clients_vmap(task, strategies[0], rnd, clients, starts[0],
                                           config, chunk_size=args.chunk_size)]
         else:
-            # All seeds' clients as one stack, as flnotes.seeds.run_seeds does each round.
+            # All seeds' clients as one stack, as flnotes.engine.seeds.run_seeds does each round.
             results = train_supervised(
                 [(task, s, c, clients, st)
                  for s, c, st in zip(strategies, configs, starts, strict=True)], rnd)

@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from flnotes.notebooks import quiet_kernel_manager
+from flnotes.repro.notebooks import quiet_kernel_manager
 
 MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent

@@ -10,10 +10,10 @@ import yaml
 from conftest import DEVICE
 from nbformat.v4 import new_code_cell, new_notebook
 
+from flnotes.data.partition import dirichlet_partition
+from flnotes.engine.tasks import Task
 from flnotes.models import build_model
-from flnotes.partition import dirichlet_partition
 from flnotes.rng import torch_generator
-from flnotes.tasks import Task
 
 # model -> one sample's shape (small inputs keep the ResNet and the LSTM cheap)
 SHAPES = {"cnn": (1, 28, 28), "resnet20": (3, 16, 16), "lstm": (6,)}

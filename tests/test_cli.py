@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from flnotes.__main__ import _parse_option, build_parser, main
-from flnotes.cli_run import default_run_name
+from flnotes.cli.field_help import FIELD_HELP
+from flnotes.cli.main import _parse_option, build_parser, main
+from flnotes.cli.run import default_run_name
 from flnotes.config import RunConfig, field_names
-from flnotes.field_help import FIELD_HELP
 
 # A run of a fraction of a second: 4 clients on 400 synthetic samples.
 SMALL = ["--num-clients", "4", "--clients-per-round", "2", "--data-option", "num_train=400",
@@ -86,7 +86,7 @@ def test_run_prints_rounds_and_a_new_setting_gets_its_own_folder(tmp_path, monke
 
 
 def test_ctrl_c_exits_130_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
-    import flnotes.sim as sim
+    import flnotes.engine.sim as sim
 
     real_train = sim.train_clients
 
@@ -121,8 +121,8 @@ def test_toy_run_says_what_its_accuracy_means(tmp_path, capsys):
 
 
 def test_seeds_report_the_sample_std(tmp_path, capsys):
-    from flnotes.history import History
-    from flnotes.tables import run_metrics
+    from flnotes.engine.history import History
+    from flnotes.repro.tables import run_metrics
 
     assert main(["run", "--seeds", "0,1", "--rounds", "1", "--backend", "loop",
                  "--run-dir", str(tmp_path / "cell"), *SMALL]) == 0

@@ -3,7 +3,7 @@
 import pytest
 
 from flnotes.config import RunConfig, field_names
-from flnotes.presets import preset_names
+from flnotes.config.presets import preset_names
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_preset_typo_suggests_the_closest_names():
 
 
 def test_every_field_has_a_help_line():
-    from flnotes.field_help import FIELD_HELP
+    from flnotes.cli.field_help import FIELD_HELP
 
     assert set(FIELD_HELP) == set(field_names())
     assert all(text and "\n" not in text for text in FIELD_HELP.values())

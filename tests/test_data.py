@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from flnotes import data
-from flnotes.data import MEAN_STD, TensorData, dataset_names, load_dataset
-from flnotes.data_options import data_option_problems, loader_options
+from flnotes.data import vision
+from flnotes.data import TensorData, dataset_names, load_dataset
+from flnotes.data.options import data_option_problems, loader_options
+from flnotes.data.vision import MEAN_STD
 
 CIFAR10_CLASSES = [
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -150,7 +151,7 @@ def test_cifar10_image_folder_and_cache(tmp_path, monkeypatch):
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded again instead of using the cache")
 
-    monkeypatch.setattr(data, "_decode_images", no_decoding)
+    monkeypatch.setattr(vision, "_decode_images", no_decoding)
     again = load_dataset("cifar10", data_dir=root)
     assert torch.equal(again.train_x, d.train_x) and torch.equal(again.test_y, d.test_y)
 
@@ -239,7 +240,7 @@ def test_idx_download_goes_through_torchvision(tmp_path, monkeypatch):
 
 
 def test_missing_idx_lists_places_and_hints(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
+    monkeypatch.setattr(vision, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
     with pytest.raises(FileNotFoundError) as err:
         load_dataset("fashion-mnist", data_dir=tmp_path / "empty")
     msg = str(err.value)
@@ -373,9 +374,9 @@ def test_a_jpeg_copy_is_recorded_by_a_run_and_marked_in_tables(tmp_path):
     """The JPEG copy of CIFAR-10 re-encodes every image: a run says so, tables mark it."""
     from PIL import Image
 
-    from flnotes import tables
     from flnotes.config import RunConfig
-    from flnotes.sim import run
+    from flnotes.engine.sim import run
+    from flnotes.repro import tables
 
     mixed = tmp_path / "mixed"  # PNG with one JPEG per class: not a JPEG copy
     write_image_folder(mixed, CIFAR10_CLASSES, {"train": 1, "test": 1})

@@ -9,12 +9,12 @@ import torch
 from flnotes.algorithms import build_strategy
 from flnotes.algorithms.fedprox import proximal_term
 from flnotes.config import RunConfig
-from flnotes.history import History
+from flnotes.engine.history import History
+from flnotes.engine.sim import initial_state, run, sample_clients
+from flnotes.engine.state import state_is_finite, states_allclose
+from flnotes.engine.tasks import build_task
+from flnotes.engine.train import client_generator
 from flnotes.rng import torch_generator
-from flnotes.sim import initial_state, run, sample_clients
-from flnotes.state import state_is_finite, states_allclose
-from flnotes.tasks import build_task
-from flnotes.train import client_generator
 
 
 def test_fedavg_with_one_client_equals_plain_minibatch_sgd(tiny_config):
@@ -112,7 +112,7 @@ def test_resume_after_crash_recomputes_rounds_after_the_checkpoint(
     tiny_config, tmp_path, monkeypatch
 ):
     """Killed in round 4 with a checkpoint at round 2: rounds 3-4 are redone identically."""
-    import flnotes.sim as sim
+    import flnotes.engine.sim as sim
 
     config = tiny_config.replace(rounds=5, checkpoint_every=2)
     full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
@@ -197,7 +197,7 @@ def test_record_states_keeps_trajectory(tiny_config):
 
 
 def test_cli_run_prints_rounds(tmp_path, capsys):
-    from flnotes.__main__ import main
+    from flnotes.cli.main import main
 
     code = main(["run", "--algorithm", "fedprox", "--mu", "0.1", "--rounds", "2",
                  "--num-clients", "4", "--clients-per-round", "2",
@@ -210,7 +210,7 @@ def test_cli_run_prints_rounds(tmp_path, capsys):
 
 
 def test_cli_bad_value_exits_with_message(capsys):
-    from flnotes.__main__ import main
+    from flnotes.cli.main import main
 
     assert main(["run", "--lr", "-1"]) == 2
     assert "lr" in capsys.readouterr().err
@@ -227,8 +227,8 @@ def test_config_rejects_unknown_field_via_preset():
 
 def test_natural_split_keeps_only_the_chosen_clients_test_rows(tmp_path):
     """LEAF-style data: the test set and FML's personal tests are the kept clients' rows."""
-    from flnotes.leaf import load_shakespeare
-    from flnotes.plays import write_demo_plays
+    from flnotes.data.leaf import load_shakespeare
+    from flnotes.data.plays import write_demo_plays
 
     folder = write_demo_plays(tmp_path / "plays", num_roles=4, speeches=16)
     data = load_shakespeare(folder, False, 0, seq_len=10)
@@ -265,7 +265,7 @@ def test_history_to_frame_has_one_row_per_round(tiny_config):
 
 def _interrupt_in_round(monkeypatch, stop_round):
     """Make the engine raise KeyboardInterrupt (Ctrl-C) when round stop_round trains."""
-    import flnotes.sim as sim
+    import flnotes.engine.sim as sim
 
     real_train = sim.train_clients
 
@@ -280,7 +280,7 @@ def _interrupt_in_round(monkeypatch, stop_round):
 def test_ctrl_c_marks_the_folder_interrupted_and_resuming_marks_it_running(
     tiny_config, tmp_path, monkeypatch
 ):
-    from flnotes.sim import interruption_report
+    from flnotes.engine.sim import interruption_report
 
     folder = tmp_path / "r"
     config = tiny_config.replace(rounds=5, checkpoint_every=2, run_dir=str(folder))
@@ -307,7 +307,7 @@ def test_ctrl_c_marks_the_folder_interrupted_and_resuming_marks_it_running(
 def test_interruption_before_the_first_checkpoint_says_it_starts_over(
     tiny_config, tmp_path, monkeypatch
 ):
-    from flnotes.sim import interruption_report
+    from flnotes.engine.sim import interruption_report
 
     folder = tmp_path / "r"
     _interrupt_in_round(monkeypatch, 2)
@@ -321,7 +321,7 @@ def test_interruption_before_the_first_checkpoint_says_it_starts_over(
 
 
 def test_finished_folders_are_reported_as_such_and_download_may_change(tiny_config, tmp_path):
-    from flnotes.sim import interruption_report
+    from flnotes.engine.sim import interruption_report
 
     folder = tmp_path / "r"
     config = tiny_config.replace(rounds=2, run_dir=str(folder))

@@ -9,9 +9,9 @@ import torch
 from flnotes.algorithms.base import ClientResult
 from flnotes.algorithms.fedmr import FedMR, layer_segments, recombine
 from flnotes.config import RunConfig
+from flnotes.engine.sim import run
+from flnotes.engine.state import states_allclose, weighted_mean
 from flnotes.rng import torch_generator
-from flnotes.sim import run
-from flnotes.state import states_allclose, weighted_mean
 
 
 def random_states(num_models, shapes, seed=0, with_counter=True):

@@ -16,10 +16,10 @@ from flnotes.algorithms.mutation import (
     sign_mutations,
 )
 from flnotes.config import RunConfig
+from flnotes.engine.sim import run
+from flnotes.engine.state import state_is_finite, states_allclose
+from flnotes.engine.tasks import build_task
 from flnotes.rng import torch_generator
-from flnotes.sim import run
-from flnotes.state import state_is_finite, states_allclose
-from flnotes.tasks import build_task
 
 
 def model_like_state(seed: int) -> OrderedDict:

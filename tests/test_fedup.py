@@ -7,9 +7,9 @@ import torch
 from flnotes.algorithms.base import ClientResult
 from flnotes.algorithms.fedup import FedUp, upper_bound_penalty
 from flnotes.config import RunConfig
+from flnotes.engine.sim import run
+from flnotes.engine.state import states_allclose
 from flnotes.rng import torch_generator
-from flnotes.sim import run
-from flnotes.state import states_allclose
 
 
 def test_defaults_and_alpha_zero_has_no_penalty():

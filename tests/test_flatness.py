@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flnotes.flatness import (
+from flnotes.engine.state import state_add
+from flnotes.flatness.hessian import hessian_trace, sam_sharpness, top_eigenvalue
+from flnotes.flatness.surfaces import (
     evaluate_points,
     interpolation_path,
     loss_plane,
@@ -16,8 +18,6 @@ from flnotes.flatness import (
     random_direction,
     sharpness_table,
 )
-from flnotes.hessian import hessian_trace, sam_sharpness, top_eigenvalue
-from flnotes.state import state_add
 
 
 class Quadratic(nn.Module):
@@ -289,7 +289,7 @@ def test_evaluate_points_checks_coordinate_shape():
 def test_surface_windows_follow_each_model_and_the_typical_rise():
     import numpy as np
 
-    from flnotes.flatness_plots import surface_windows
+    from flnotes.flatness.plots import surface_windows
 
     bowl = np.add.outer(np.linspace(-1, 1, 5) ** 2, np.linspace(-1, 1, 5) ** 2)
     arrays = [1.0 + bowl, 1.1 + bowl, 5.0 + 20 * bowl]  # the last: higher and sharper
@@ -306,7 +306,7 @@ def test_surfaces_cut_values_above_the_window_instead_of_flattening_them(monkeyp
     import numpy as np
     from mpl_toolkits.mplot3d import Axes3D
 
-    from flnotes.flatness_plots import plot_surfaces
+    from flnotes.flatness.plots import plot_surfaces
 
     drawn = []
     original = Axes3D.plot_surface

@@ -8,10 +8,11 @@ import torch.nn.functional as F
 
 from flnotes.algorithms import build_strategy
 from flnotes.algorithms.fml import FML, distillation_kl, mutual_losses
-from flnotes.sim import initial_state, run, sample_clients
-from flnotes.state import clone_state, states_allclose
-from flnotes.tasks import build_task
-from flnotes.train import batch_schedule, client_generator, train_clients
+from flnotes.engine.backends import train_clients
+from flnotes.engine.sim import initial_state, run, sample_clients
+from flnotes.engine.state import clone_state, states_allclose
+from flnotes.engine.tasks import build_task
+from flnotes.engine.train import batch_schedule, client_generator
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from helpers import write_grid, write_notebook
 
-from flnotes import grid as grids
-from flnotes import leaf, sweep
-from flnotes.data_options import data_option_problems
+from flnotes.data.options import data_option_problems
+from flnotes.repro import grid as grids
+from flnotes.repro import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 GRIDS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -45,7 +45,7 @@ def test_expansion_crosses_axes_bundles_and_seeds(tmp_path, notebook):
 
 
 def test_preset_fields_fill_parameters_and_extra(tmp_path, notebook):
-    from flnotes.presets import preset_values
+    from flnotes.config.presets import preset_values
 
     spec = {"notebook": str(notebook), "fixed": {"preset": "demo", "x": 4}}
     (cell,) = grids.load_grid(write_grid(tmp_path, spec)).cells
@@ -117,7 +117,7 @@ def test_shipped_grids_are_valid_in_both_variants():
     assert {g.stem for g in GRIDS} >= {"fedmut_table1", "fedmut_table2", "fedqp_tableI",
                                        "fedqp_tableII", "fml_table1", "fedup_table4",
                                        "fedup_table5"}
-    from flnotes.tables import load_paper_table
+    from flnotes.repro.paper_tables import load_paper_table
 
     for path in GRIDS:
         paper = grids.load_grid(path)
@@ -134,7 +134,6 @@ def test_shipped_grids_are_valid_in_both_variants():
             # cell names its own, and its dataset's loader takes them.
             options = cell.parameters.get("data_options")
             assert isinstance(options, dict), (path.name, cell.id)
-            leaf.register()  # femnist and shakespeare as dataset names
             # (notebook 11 has no dataset parameter: it trains Shakespeare only)
             dataset = cell.parameters.get("dataset") or {
                 "11_reproduce_shakespeare.ipynb": "shakespeare"}[paper.notebook.name]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from flnotes import landscapes as L
+from flnotes.toy import landscapes as L
 
 
 def _points(n=7, seed=0):

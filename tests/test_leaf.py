@@ -8,27 +8,27 @@ import numpy as np
 import pytest
 import torch
 
-from flnotes import data as data_module
-from flnotes import leaf, plays
+from flnotes.data import leaf, natural, plays
+from flnotes.data import registry as data_module
 
 
 def test_alphabet_is_leafs_80_symbols():
-    assert len(leaf.ALL_LETTERS) == 80 == leaf.NUM_LETTERS
-    assert len(set(leaf.ALL_LETTERS)) == 80
-    assert set("azAZ09 .,;:!?'\"-&()[]>}\n") <= set(leaf.ALL_LETTERS)
-    assert leaf.ALL_LETTERS[leaf.UNKNOWN_INDEX] == " "
+    assert len(natural.ALL_LETTERS) == 80 == natural.NUM_LETTERS
+    assert len(set(natural.ALL_LETTERS)) == 80
+    assert set("azAZ09 .,;:!?'\"-&()[]>}\n") <= set(natural.ALL_LETTERS)
+    assert natural.ALL_LETTERS[natural.UNKNOWN_INDEX] == " "
 
 
 def test_encode_round_trip_and_unknown_symbols_counted():
     known = "To be, or not to be: that is the question!"
-    assert leaf.decode_ids(leaf.encode_text(known)) == known
+    assert natural.decode_ids(natural.encode_text(known)) == known
     unknown = Counter()
-    ids = leaf.encode_text("a{b*c\u00e9{", unknown)
+    ids = natural.encode_text("a{b*c\u00e9{", unknown)
     counts = dict(unknown)
     assert counts == {"{": 2, "*": 1, "\u00e9": 1}
-    expected = [leaf.ALL_LETTERS.index("a"), leaf.UNKNOWN_INDEX, leaf.ALL_LETTERS.index("b"),
-                leaf.UNKNOWN_INDEX, leaf.ALL_LETTERS.index("c"), leaf.UNKNOWN_INDEX,
-                leaf.UNKNOWN_INDEX]
+    index, unknown_id = natural.ALL_LETTERS.index, natural.UNKNOWN_INDEX
+    expected = [index("a"), unknown_id, index("b"), unknown_id, index("c"), unknown_id,
+                unknown_id]
     assert ids.tolist() == expected
 
 
@@ -46,7 +46,7 @@ def _leaf_json(folder: Path, users: dict) -> None:
     (folder / "all_data_0_niid_0_keep_0_train_8.json").write_text(json.dumps(all_data))
 
 
-def _write_leaf_shakespeare(built: leaf.LeafData, root: Path, shuffle: bool) -> dict:
+def _write_leaf_shakespeare(built: natural.LeafData, root: Path, shuffle: bool) -> dict:
     """Write a built dataset as LEAF's train/test JSON under root; return the train user data."""
     train, test = {}, {}
     rng = np.random.default_rng(0)
@@ -54,11 +54,11 @@ def _write_leaf_shakespeare(built: leaf.LeafData, root: Path, shuffle: bool) -> 
         rows = built.client_indices[c].tolist()
         if shuffle:  # windows out of order: the loader must not assume consecutive windows
             rows = rng.permutation(rows).tolist()
-        train[name] = {"x": [leaf.decode_ids(built.train_x[i]) for i in rows],
-                       "y": [leaf.ALL_LETTERS[built.train_y[i]] for i in rows]}
+        train[name] = {"x": [natural.decode_ids(built.train_x[i]) for i in rows],
+                       "y": [natural.ALL_LETTERS[built.train_y[i]] for i in rows]}
         t = built.client_test_indices[c].tolist()
-        test[name] = {"x": [leaf.decode_ids(built.test_x[i]) for i in t],
-                      "y": [leaf.ALL_LETTERS[built.test_y[i]] for i in t]}
+        test[name] = {"x": [natural.decode_ids(built.test_x[i]) for i in t],
+                      "y": [natural.ALL_LETTERS[built.test_y[i]] for i in t]}
     _leaf_json(root / "train", train)
     _leaf_json(root / "test", test)
     return train
@@ -74,9 +74,9 @@ def test_leaf_shakespeare_json_round_trip(tmp_path, shuffle):
     loaded = leaf.load_shakespeare(tmp_path, False, 0)
     assert loaded.client_names == built.client_names
     for c, name in enumerate(built.client_names):
-        got = [leaf.decode_ids(loaded.train_x[i]) for i in loaded.client_indices[c]]
+        got = [natural.decode_ids(loaded.train_x[i]) for i in loaded.client_indices[c]]
         assert got == train[name]["x"]
-        got_y = [leaf.ALL_LETTERS[loaded.train_y[i]] for i in loaded.client_indices[c]]
+        got_y = [natural.ALL_LETTERS[loaded.train_y[i]] for i in loaded.client_indices[c]]
         assert got_y == train[name]["y"]
     assert torch.equal(loaded.test_x, built.test_x) and torch.equal(loaded.test_y, built.test_y)
 
@@ -95,8 +95,8 @@ def test_leaf_shakespeare_json_max_samples_matches_play_texts(tmp_path):
     for c in range(len(built.client_names)):
         rows, json_rows = from_plays.client_indices[c], from_json.client_indices[c]
         assert len(rows) == min(cap, len(built.client_indices[c]))
-        assert ([leaf.decode_ids(from_json.train_x[i]) for i in json_rows]
-                == [leaf.decode_ids(from_plays.train_x[i]) for i in rows])
+        assert ([natural.decode_ids(from_json.train_x[i]) for i in json_rows]
+                == [natural.decode_ids(from_plays.train_x[i]) for i in rows])
         assert torch.equal(from_json.train_y[json_rows], from_plays.train_y[rows])
     assert torch.equal(from_json.test_x, from_plays.test_x)
     assert torch.equal(from_json.test_y, from_plays.test_y)
@@ -132,7 +132,7 @@ def test_leaf_femnist_json_round_trip(tmp_path):
 def test_natural_split_trains_through_the_engine(tmp_path, monkeypatch):
     """Registered as a dataset, the natural split and the strided windows train an LSTM."""
     from flnotes.config import RunConfig
-    from flnotes.sim import run
+    from flnotes.engine.sim import run
 
     monkeypatch.setitem(data_module.DATASETS, "shakespeare", leaf.load_shakespeare)
     folder = plays.write_demo_plays(tmp_path / "plays", num_roles=3, speeches=4)

@@ -15,11 +15,11 @@ import torch
 from flnotes.algorithms import algorithm_names
 from flnotes.config import RunConfig
 from flnotes.data import load_dataset
+from flnotes.data.partition import make_partition
+from flnotes.engine.sim import run
+from flnotes.engine.tasks import Task, split_clients
 from flnotes.models import build_model
-from flnotes.partition import make_partition
 from flnotes.rng import torch_generator
-from flnotes.sim import run
-from flnotes.tasks import Task, split_clients
 
 NUM_TRAIN, NUM_TEST = 6000, 2000
 

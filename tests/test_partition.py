@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from flnotes.partition import (
+from flnotes.data.partition import (
     dirichlet_partition,
     iid_partition,
     label_skew,

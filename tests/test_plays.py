@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flnotes import leaf, plays
-from flnotes.data import load_dataset
+from flnotes.data import leaf, load_dataset, natural, plays
 
 # Per-play layout (Gutenberg texts): the speaker alone on a line ending in a period.
 PER_PLAY = """THE TRAGEDY OF TESTING
@@ -113,7 +112,7 @@ def test_builder_reads_the_1994_layout_from_any_txt(tmp_path):
     assert d.client_names == ["THE_FIRST_PLAY_ALPHA", "THE_SECOND_PLAY_ALPHA"]
     assert d.stats["roles_found"] == 3 and d.stats["roles_too_small"] == 1
     first = "The tide is out, and the boats lie still upon the sand. Quietly."
-    assert leaf.decode_ids(d.train_x[d.client_indices[0][0]]) == first[:5]
+    assert natural.decode_ids(d.train_x[d.client_indices[0][0]]) == first[:5]
 
 
 def _reference_split(n, frac, seq_len):
@@ -159,13 +158,13 @@ def test_windows_and_targets_follow_role_text(tmp_path):
         rows = d.client_indices[c]
         assert len(rows) == len(train)
         for k, i in enumerate(train):
-            assert leaf.decode_ids(d.train_x[rows[k]]) == role[i : i + 12]
-            assert leaf.ALL_LETTERS[d.train_y[rows[k]]] == role[i + 12]
+            assert natural.decode_ids(d.train_x[rows[k]]) == role[i : i + 12]
+            assert natural.ALL_LETTERS[d.train_y[rows[k]]] == role[i + 12]
         test_rows = d.client_test_indices[c]
         assert len(test_rows) == len(test)
         for k, j in enumerate(test):
-            assert leaf.decode_ids(d.test_x[test_rows[k]]) == role[j : j + 12]
-            assert leaf.ALL_LETTERS[d.test_y[test_rows[k]]] == role[j + 12]
+            assert natural.decode_ids(d.test_x[test_rows[k]]) == role[j : j + 12]
+            assert natural.ALL_LETTERS[d.test_y[test_rows[k]]] == role[j + 12]
     assert d.test_x.shape == (d.stats["test_samples"], 12)
 
 
@@ -184,11 +183,11 @@ def test_min_samples_and_max_roles_is_a_fixed_subset(tmp_path):
     assert len(a.test_y) == sum(len(t) for t in a.client_test_indices)
 
 
-def _windows(d: leaf.LeafData, c: int, test: bool) -> Counter:
+def _windows(d: natural.LeafData, c: int, test: bool) -> Counter:
     """A client's (input, target) windows as decoded strings, with multiplicity."""
     x, y, rows = ((d.test_x, d.test_y, d.client_test_indices[c]) if test
                   else (d.train_x, d.train_y, d.client_indices[c]))
-    return Counter((leaf.decode_ids(x[r]), leaf.ALL_LETTERS[y[r]]) for r in rows.tolist())
+    return Counter((natural.decode_ids(x[r]), natural.ALL_LETTERS[y[r]]) for r in rows.tolist())
 
 
 @pytest.fixture
@@ -232,7 +231,7 @@ def test_max_samples_caps_train_and_test_proportionally(capped_play):
 def test_max_samples_draw_follows_subset_seed_only(capped_play):
     folder, full, cap = capped_play
 
-    def load(seed: int, subset_seed: int) -> leaf.LeafData:
+    def load(seed: int, subset_seed: int) -> natural.LeafData:
         return leaf.load_shakespeare(folder, False, seed, seq_len=10, max_samples=cap,
                                      subset_seed=subset_seed)
 
@@ -278,7 +277,7 @@ def test_resplit_draws_only_the_kept_roles_training_windows(capped_play, partiti
     """max_roles / max_samples bound an iid or Dirichlet re-split too, and no client gets a
     window that is a test window (the texts hold both)."""
     from flnotes.config import RunConfig
-    from flnotes.tasks import build_task
+    from flnotes.engine.tasks import build_task
 
     folder, _, cap = capped_play
     options = {"seq_len": 10, "max_roles": 3, "max_samples": cap}

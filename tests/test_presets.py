@@ -7,9 +7,9 @@ import torch
 
 from flnotes.algorithms import algorithm_names
 from flnotes.config import RunConfig, field_names
+from flnotes.config.presets import describe, preset_names, preset_values
+from flnotes.data.registry import dataset_names
 from flnotes.models import build_model
-from flnotes.presets import describe, preset_names, preset_values
-from flnotes.tasks import dataset_names
 
 # (input shape, number of classes) of each dataset a preset uses, so the preset's model can
 # be built without the data.

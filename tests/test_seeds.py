@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import DEVICE
 
-import flnotes.seeds as seeds_module
-from flnotes.seeds import run_seeds, seed_configs
-from flnotes.sim import run
-from flnotes.tasks import build_task
-from flnotes.train import train_clients
+import flnotes.engine.seeds as seeds_module
+from flnotes.engine.backends import train_clients
+from flnotes.engine.seeds import run_seeds, seed_configs
+from flnotes.engine.sim import run
+from flnotes.engine.tasks import build_task
 
 SEEDS = [3, 1, 4]
 
@@ -96,9 +96,9 @@ def test_auto_on_a_cpu_runs_the_seeds_in_turn(tiny_config, monkeypatch):
 
 
 def test_cli_runs_seeds_and_reports_their_spread(tmp_path, capsys):
-    from flnotes.__main__ import main
-    from flnotes.history import History
-    from flnotes.tables import run_metrics
+    from flnotes.cli.main import main
+    from flnotes.engine.history import History
+    from flnotes.repro.tables import run_metrics
 
     code = main(["run", "--seeds", "2,7", "--backend", "vmap", "--device", "cpu",
                  "--rounds", "2", "--num-clients", "4", "--clients-per-round", "2",

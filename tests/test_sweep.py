@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 from helpers import write_grid, write_notebook
 
-from flnotes import sweep
-from flnotes.grid import load_grid
+from flnotes.repro import sweep
+from flnotes.repro.grid import load_grid
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The cell writes a fake run folder (the format flnotes.sim.run writes) and counts executions.
+# The cell writes a fake run folder (the format flnotes.engine.sim.run writes) and counts
+# executions.
 BODY = """import json
 from pathlib import Path
 out = Path(output_dir)

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flnotes import tables
-from flnotes.paper_setting import paper_settings, setting_differences
+from flnotes.repro import paper_tables, tables
+from flnotes.repro.paper_setting import paper_settings, setting_differences
 
 
 def test_run_metrics_against_hand_computed_numbers():
@@ -42,11 +42,11 @@ def test_sample_std_matches_the_textbook_formula():
     ({"partition": "shards", "shards_per_client": 2}, "shards=2"),
 ])
 def test_heterogeneity_labels_match_the_csvs(config, label):
-    assert tables.heterogeneity_label(config) == label
+    assert paper_tables.heterogeneity_label(config) == label
 
 
 def _write_run(folder, config, accuracies, status="completed", every=1):
-    """A run folder as flnotes.sim.run writes it (run.json + metrics.jsonl)."""
+    """A run folder as flnotes.engine.sim.run writes it (run.json + metrics.jsonl)."""
     folder.mkdir(parents=True)
     rows = []
     for r in range(1, len(accuracies) * every + 1):

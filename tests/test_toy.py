@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from flnotes import landscapes as L
 from flnotes import toy
 from flnotes.algorithms import algorithm_names
-from flnotes.sim import run
-from flnotes.state import clone_state
-from flnotes.tasks import build_task
-from flnotes.train import local_sgd
+from flnotes.engine.sim import run
+from flnotes.engine.state import clone_state
+from flnotes.engine.tasks import build_task
+from flnotes.engine.train import local_sgd
+from flnotes.toy import landscapes as L
 
 
 def _config(algorithm="fedavg", **overrides):

@@ -6,15 +6,15 @@ from conftest import DEVICE
 from helpers import client_starts, max_difference, random_task
 from torch import nn
 
-import flnotes.train_stacked as train_stacked_module
-import flnotes.train_vmap as train_vmap_module
+import flnotes.engine.batched.stacked as train_stacked_module
+import flnotes.engine.batched.vmap as train_vmap_module
 from flnotes.algorithms import build_strategy
 from flnotes.config import RunConfig
-from flnotes.sim import run, sample_clients
-from flnotes.tasks import Task
-from flnotes.train import train_clients_loop
-from flnotes.train_stacked import client_lanes, supervised_objective, train_stacked
-from flnotes.train_vmap import train_clients_vmap
+from flnotes.engine.batched.stacked import client_lanes, supervised_objective, train_stacked
+from flnotes.engine.batched.vmap import train_clients_vmap
+from flnotes.engine.sim import run, sample_clients
+from flnotes.engine.tasks import Task
+from flnotes.engine.train import train_clients_loop
 
 BASE = dict(algorithm="fedprox", mu=0.1, num_clients=3, clients_per_round=3, local_epochs=2,
             batch_size=5, lr=0.05, momentum=0.9, weight_decay=1e-3, device=DEVICE,

@@ -9,9 +9,10 @@ from helpers import SHAPES, client_starts, max_difference, random_task
 
 from flnotes.algorithms import algorithm_names, build_strategy
 from flnotes.config import RunConfig
-from flnotes.sim import run
-from flnotes.train import batch_schedule, client_generator, train_clients_loop
-from flnotes.train_vmap import build_schedule, train_clients_vmap
+from flnotes.engine.batched.schedule import build_schedule
+from flnotes.engine.batched.vmap import train_clients_vmap
+from flnotes.engine.sim import run
+from flnotes.engine.train import batch_schedule, client_generator, train_clients_loop
 
 
 def compare(model: str, dtype, chunk_size=None, **overrides):
@@ -65,7 +66,7 @@ def test_plain_sgd_fedavg_in_chunks():
 def test_groups_that_run_out_of_memory_are_halved_and_remembered(tiny_config, monkeypatch):
     """Out of memory: retried in halves, same results, and later rounds start at the size
     that fitted instead of running out again."""
-    import flnotes.train_vmap as train_vmap_module
+    import flnotes.engine.batched.vmap as train_vmap_module
 
     real_group, tried = train_vmap_module.train_group, []
 

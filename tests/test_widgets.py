@@ -9,8 +9,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from flnotes import plots, toy, widgets  # noqa: E402
-from flnotes.landscapes import make_federation  # noqa: E402
+from flnotes import plots as shared_plots  # noqa: E402
+from flnotes import toy  # noqa: E402
+from flnotes.toy import plots, widgets  # noqa: E402
+from flnotes.toy.landscapes import make_federation  # noqa: E402
 
 FAST = {  # small settings so each callback is quick
     "mutation_explorer": {"num_models": 4},
@@ -90,7 +92,7 @@ def test_plot_functions_return_figures():
         plots.plot_mutants(fn, (0.0, 1.0), (0.1, 0.1), {"sign": mutants}, {"sign": mutants}),
         plots.plot_endpoints(fn, rows, federation=fed),
         plots.plot_race(rows),
-        plots.plot_learning_curves({"fedavg": history}, metric="loss"),
+        shared_plots.plot_learning_curves({"fedavg": history}, metric="loss"),
     ]
     for fig in figures:
         assert isinstance(fig, Figure) and fig.axes
@@ -102,7 +104,7 @@ def test_plot_functions_return_figures():
 
 
 def test_shift_figure_gaps_are_the_notebooks_test_minus_train():
-    from flnotes.landscapes import flat_and_sharp, flat_and_sharp_minima
+    from flnotes.toy.landscapes import flat_and_sharp, flat_and_sharp_minima
 
     train = flat_and_sharp()
     minima = flat_and_sharp_minima(train)

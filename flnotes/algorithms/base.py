@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from flnotes.state import clone_state, weighted_mean
+from flnotes.engine.state import clone_state, weighted_mean
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Strategy:
 
         A penalty that also needs run state (FedUp: the previous global model) takes it from
         here, so that the penalty is a function of (params, anchor) and the config alone:
-        then clients of several runs can train in one stack (flnotes.seeds).
+        then clients of several runs can train in one stack (flnotes.engine.seeds).
         """
         return start
 

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.engine.state import StateLike, float_layer_names
 from flnotes.rng import torch_generator
-from flnotes.state import StateLike, float_layer_names
 
 
 def layer_segments(num_layers: int, segments: int) -> list[int]:

@@ -32,8 +32,8 @@ import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.mutation import beta_schedule, gaussian_mutations, sign_mutations
+from flnotes.engine.state import state_sub
 from flnotes.rng import torch_generator
-from flnotes.state import state_sub
 
 StateDict = OrderedDict[str, torch.Tensor]
 

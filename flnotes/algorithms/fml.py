@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.engine.state import clone_state
 from flnotes.rng import seeded_cpu_rng
-from flnotes.state import clone_state
 
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,7 @@ class FML(Strategy):
 
     def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:
         """DML of the meme (forked from ``start``) and the personal model over local epochs."""
-        from flnotes.train import batch_schedule  # train imports algorithms: import lazily
+        from flnotes.engine.train import batch_schedule  # train imports algorithms: import lazily
 
         cfg = self.config
         x, y = task.client_data(client)
@@ -144,8 +144,8 @@ class FML(Strategy):
 
     def local_update_batched(self, task, round: int, clients: list[int], starts: list,
                              config) -> list[ClientResult]:
-        """Every client's DML at once, as one stack (flnotes.train_stacked); same results."""
-        from flnotes.train_stacked import client_lanes, train_stacked  # (import cycle)
+        """Every client's DML at once, as one stack (:mod:`flnotes.engine.batched.stacked`)."""
+        from flnotes.engine.batched.stacked import client_lanes, train_stacked  # (import cycle)
 
         personal = [self.personal_state(task, c) for c in clients]
         states, means = train_stacked(
@@ -161,7 +161,7 @@ class FML(Strategy):
 
     def batched_objective(self, loss_fn):
         """The DML objective of one client's two models, for the batched step (masked rows)."""
-        from flnotes.train_vmap import masked_loss, masked_mean
+        from flnotes.engine.batched.schedule import masked_loss, masked_mean
 
         a, b = self.config.personal_weight, self.config.meme_weight
 

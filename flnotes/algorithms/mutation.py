@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from flnotes.state import StateLike, float_layer_names, is_float_layer
+from flnotes.engine.state import StateLike, float_layer_names, is_float_layer
 
 State = OrderedDict[str, torch.Tensor]
 

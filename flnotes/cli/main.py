@@ -1,0 +1,214 @@
+"""The parser of ``python -m flnotes run|demo|presets|sweep|tables`` and its dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flnotes.cli.field_help import FIELD_HELP
+from flnotes.cli.run import EXIT_INTERRUPTED, run_command
+from flnotes.config import (
+    BACKENDS,
+    COMPILE_MODES,
+    MUTATIONS,
+    PARTITIONS,
+    WEIGHTINGS,
+    RunConfig,
+    model_names,
+)
+from flnotes.messages import did_you_mean
+
+DESCRIPTION = """\
+Federated-learning methods to run, study and compare with their papers. Commands: run
+(train one configuration), demo (the quick-start job), presets (the papers' settings), sweep
+(a YAML grid of notebook runs) and tables (the papers' tables with our results beside them).
+`python -m flnotes COMMAND --help` lists a command's flags."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    parsed = yaml.safe_load(value)
+    if isinstance(parsed, str):
+        # YAML 1.1 reads 1e-3 (no dot) as text: take any number Python reads as a number.
+        try:
+            parsed = float(parsed)
+        except ValueError:
+            pass
+    return key, parsed
+
+
+def _field_choices() -> dict[str, list[str]]:
+    """The allowed values of the fields that take a name, for --help."""
+    from flnotes.algorithms import algorithm_names
+    from flnotes.data.registry import dataset_names
+
+    return {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
+            "partition": list(PARTITIONS), "backend": list(BACKENDS),
+            "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS),
+            "mutation": list(MUTATIONS)}
+
+
+def field_help(name: str, default: Any, choices: list[str] | None) -> str:
+    """One flag's help: what it does, its choices and its default (None: said in the text)."""
+    parts = [FIELD_HELP[name]]
+    if choices:
+        parts.append(f"choices: {', '.join(choices)}")
+    if default is not None and name != "data_options":
+        parts.append(f"default: {str(default).lower() if isinstance(default, bool) else default}")
+    # argparse %-formats help strings.
+    return "; ".join(parts).replace("%", "%%")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per RunConfig field (--clients-per-round ...), defaulting to 'not given'."""
+    hints = typing.get_type_hints(RunConfig)
+    choices = _field_choices()
+    group = parser.add_argument_group("run settings (RunConfig fields)")
+    for f in dataclasses.fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = field_help(f.name, default, choices.get(f.name))
+        if f.name == "data_options":
+            group.add_argument("--data-option", dest="data_options", action="append",
+                               type=_parse_option, metavar="KEY=VALUE", help=text)
+            continue
+        kind = {bool: _parse_bool, int: int, float: float}.get(base, str)
+        metavar = "{true,false}" if base is bool else None
+        group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,
+                           metavar=metavar, help=text)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """RunConfig from a preset (if given) overridden by explicit flags."""
+    values = {k: v for k, v in vars(args).items()
+              if k in {f.name for f in dataclasses.fields(RunConfig)}}
+    if "data_options" in values:
+        values["data_options"] = dict(values["data_options"] or [])
+    if getattr(args, "preset", None):
+        return RunConfig.from_preset(args.preset, **values)
+    return RunConfig.from_dict(values)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run one configuration (``--seeds``: several), print each round, save a curve."""
+    return run_command(config_from_args(args), getattr(args, "seeds", None))
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}") from None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The quick-start job: a small federated run on built-in defaults, with a plot."""
+    from flnotes.cli.demo import main_job
+
+    return main_job(Path(args.out), skip_notebooks=args.skip_notebooks)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    """List presets, or show one with the source of each value."""
+    from flnotes.config.presets import describe, preset_names, preset_values
+
+    if args.name:
+        if args.name not in preset_names():
+            raise ValueError(f"unknown preset {args.name!r}"
+                             f"{did_you_mean(args.name, preset_names())}; presets: "
+                             f"{', '.join(preset_names())}")
+        print(json.dumps(preset_values(args.name), indent=2))
+        print(describe(args.name))
+    else:
+        for name in preset_names():
+            print(name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for all subcommands."""
+    parser = argparse.ArgumentParser(prog="python -m flnotes", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
+    p_run = sub.add_parser(
+        "run", help="train one configuration (one flag per RunConfig field; --preset, --seeds)",
+        description="Train one federated configuration. Every round's line is printed as it "
+        "ends; the run folder (--run-dir) holds config, metrics and checkpoints, and the same "
+        "command again resumes it. Ctrl-C stops it resumably.")
+    p_run.add_argument("--preset", help="start from a named preset (see `presets`); flags "
+                       "given as well override its values")
+    p_run.add_argument("--seeds", type=_seed_list, metavar="S1,S2,...",
+                       help="run these seeds and print mean +- std; with the vmap backend "
+                            "(the default on a GPU) their clients train as one stack")
+    add_config_flags(p_run)
+    p_run.set_defaults(func=cmd_run, command_parser=p_run)
+    p_demo = sub.add_parser("demo", help="the quick-start job: a small run and the toy notebooks")
+    p_demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    p_demo.add_argument("--skip-notebooks", action="store_true", help="only the small run")
+    p_demo.set_defaults(func=cmd_demo, command_parser=p_demo)
+    from flnotes.repro import sweep as sweep_cli
+    from flnotes.repro import tables as tables_cli
+
+    p_sweep = sub.add_parser("sweep", help="run a YAML grid of notebooks with papermill (sweeps/)")
+    sweep_cli.add_arguments(p_sweep)
+    p_sweep.set_defaults(func=sweep_cli.cmd_sweep, command_parser=p_sweep)
+    p_tab = sub.add_parser("tables", help="the papers' tables with the results of a folder of "
+                           "runs beside them")
+    tables_cli.add_arguments(p_tab)
+    p_tab.set_defaults(func=tables_cli.cmd_tables, command_parser=p_tab)
+    p_pre = sub.add_parser("presets", help="list the named paper settings, or show one with "
+                           "where each value comes from")
+    p_pre.add_argument("name", nargs="?", help="a preset to show (default: list them all)")
+    p_pre.set_defaults(func=cmd_presets, command_parser=p_pre)
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, but an unknown flag gets its command's usage and a 'did you mean'."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = getattr(args, "command_parser", parser)
+        flags = [s for action in command._actions for s in action.option_strings]
+        named = [x + did_you_mean(x, flags) if x.startswith("-") else x for x in extras]
+        command.error(f"unrecognized arguments: {' '.join(named)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m flnotes``."""
+    args = parse_args(build_parser(), argv)
+    tic = time.perf_counter()
+    try:
+        code = args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if code != EXIT_INTERRUPTED:
+        print(f"done in {time.perf_counter() - tic:.1f} s")
+    return code
+

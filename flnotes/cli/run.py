@@ -1,0 +1,158 @@
+"""The command line's ``run``: run folders, per-round lines, Ctrl-C, seeds, the curve.
+
+Kept apart from :mod:`flnotes.cli.main`, which builds the parser and dispatches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+from flnotes.config import RunConfig
+
+EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
+
+
+def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
+    """Run one configuration (or its seeds), print each round as it ends, save a curve."""
+    from flnotes.engine.sim import run
+
+    config.check_device()  # before any data is loaded
+    if seeds:
+        return _run_seeds(config, seeds)
+    if config.run_dir is None:
+        config = config.replace(run_dir=str(Path("runs") / default_run_name(config)))
+    if config.dataset == "toy":
+        print(TOY_NOTE)
+    printed = []
+
+    def print_row(row: dict) -> None:
+        printed.append(row["round"])
+        _write_line(_row_line(row, config.dataset))
+
+    try:
+        history = run(config, on_round=print_row)
+    except KeyboardInterrupt:
+        from flnotes.engine.sim import interruption_report
+
+        print(interruption_report(config.run_dir), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not printed and history.rows:  # a finished folder, reloaded: show what it holds
+        go_on = ("raise --rounds to continue it, or delete the folder to run it again"
+                 if history.status == "completed" else
+                 "a diverged run is not continued: change a setting (e.g. --lr) or delete "
+                 "the folder to run it again")
+        print(f"{config.run_dir} already holds this run ({history.status}, "
+              f"{len(history.rows)} rounds): showing it; {go_on}")
+        for row in history.rows:
+            print(_row_line(row, config.dataset))
+    from flnotes.plots import plot_learning_curves
+
+    fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
+    png = Path(config.run_dir) / "learning_curve.png"
+    fig.savefig(png, dpi=120)
+    print(f"status: {history.status}; run folder: {config.run_dir}; curve: {png}")
+    return 0 if history.status == "completed" else 1
+
+
+# On the toy, "accuracy" is a yes/no about where the model ended, not a share of samples.
+TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat basin (the "
+            "toy's 'accuracy'), else 0; train_loss is the clients' landscape loss plus "
+            "gradient noise, so it can be negative")
+
+
+def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
+    """Several seeds stacked into one batched run; per-seed and mean +- std accuracy."""
+    from flnotes.engine.seeds import run_seeds
+    from flnotes.engine.sim import interruption_report
+    from flnotes.plots import plot_learning_curves
+    from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std
+
+    if config.run_dir is None:
+        config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
+    try:
+        histories = run_seeds(config, seeds)
+    except KeyboardInterrupt:
+        for seed in seeds:
+            print(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}",
+                  file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finals = []
+    for seed, history in zip(seeds, histories, strict=True):
+        metrics = run_metrics(history.metric("accuracy"))
+        finals.append(metrics["last_mean"])
+        last = min(metrics["evaluations"], LAST_EVALUATIONS)
+        print(f"seed {seed}: {history.status}, final accuracy {metrics['final']:.4f}, "
+              f"mean +- std of the last {last} evaluations "
+              f"{metrics['last_mean']:.4f} +- {_number(metrics['last_std'])}")
+    print(f"mean +- std over {len(seeds)} seeds: {sum(finals) / len(finals):.4f} +- "
+          f"{_number(sample_std(finals))} (sample std, ddof=1, of each seed's "
+          "last-evaluations mean)")
+    fig = plot_learning_curves({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
+                               title=f"{_curve_title(config)}, {len(seeds)} seeds")
+    png = Path(config.run_dir) / "learning_curves.png"
+    fig.savefig(png, dpi=120)
+    print(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
+    return 0 if all(h.status == "completed" for h in histories) else 1
+
+
+def _number(value: float) -> str:
+    # A std of one value is undefined (NaN): say so instead of printing "nan".
+    return "n/a (one value)" if math.isnan(value) else f"{value:.4f}"
+
+
+def settings_digest(config: RunConfig) -> str:
+    """6 hex digits of the settings that make a run folder's results what they are.
+
+    Leaves out what may change when resuming a folder (sim.RESUMABLE_CHANGES: rounds,
+    device, ...) and the seed (in the folder name): so a rerun with more rounds, or on a
+    GPU, finds the same folder, while another mu or lr gets a folder of its own.
+    """
+    from flnotes.engine.sim import RESUMABLE_CHANGES
+
+    values = {k: v for k, v in config.resolved().to_dict().items()
+              if k not in RESUMABLE_CHANGES and k != "seed"}
+    text = json.dumps(values, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def default_run_name(config: RunConfig, seeds: bool = False) -> str:
+    """A readable folder name for a config: <algorithm>-<dataset>-<partition>-seed<N>-<digest>.
+
+    With ``seeds`` the folder of a --seeds run (seed<N> subfolders inside), with the same
+    digest as the single-seed folders of the same settings.
+    """
+    head = f"{config.algorithm}-{config.dataset}-{config.partition}"
+    seed = "seeds" if seeds else f"seed{config.seed}"
+    return f"{head}-{seed}-{settings_digest(config)}"
+
+
+def _curve_title(config) -> str:
+    """A learning curve's title: "fedmut on cifar10 (cnn), dirichlet 0.5, 10 of 100 clients"."""
+    config = config.resolved()
+    split = config.partition + (f" {config.dirichlet_alpha}" if config.partition == "dirichlet"
+                                else "")
+    return (f"{config.algorithm} on {config.dataset} ({config.model}), {split}, "
+            f"{config.clients_per_round} of {config.num_clients} clients")
+
+
+def _row_line(row: dict, dataset: str) -> str:
+    """One round's printed line."""
+    if dataset == "toy":
+        flat = f"{row['accuracy']:.0f}" if "accuracy" in row else "-"
+        score = f"flat_basin {flat}"
+    else:
+        score = f"accuracy {row['accuracy']:.4f}" if "accuracy" in row else "accuracy    -  "
+    return (f"round {row['round']:4d}  train_loss {row['train_loss']:.4f}  {score}"
+            f"  ({row['seconds']:.2f} s)")
+
+
+def _write_line(line: str) -> None:
+    """Print above the progress bar, and flush: a redirected log shows each round at once."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line)
+    sys.stdout.flush()

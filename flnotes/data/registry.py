@@ -1,0 +1,40 @@
+"""Every dataset a run can name: the tensor loaders, and the datasets that build a whole task.
+
+A loader is called as ``loader(data_dir, download, seed, **options)`` and returns a
+:class:`~flnotes.data.tensors.TensorData`; its keyword options are read from its signature
+(:mod:`flnotes.data.options`), so a loader documents its options once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from flnotes.data.leaf import load_femnist, load_shakespeare
+from flnotes.data.tensors import TensorData
+from flnotes.data.vision import load_cifar, load_idx_dataset, load_synthetic
+
+DATASETS: dict[str, Callable[..., TensorData]] = {
+    "synthetic": load_synthetic,
+    "cifar10": partial(load_cifar, name="cifar10"),
+    "cifar100": partial(load_cifar, name="cifar100"),
+    "fashion-mnist": partial(load_idx_dataset, name="fashion-mnist"),
+    "mnist": partial(load_idx_dataset, name="mnist"),
+    "shakespeare": load_shakespeare,
+    "femnist": load_femnist,
+}
+
+# Datasets whose whole task (data, split and model) is built by a module of their own, named
+# here by its path so that this layer never imports it: name -> module with
+# ``build_task(config) -> Task``. The engine imports it when a run asks for the dataset.
+TASK_DATASETS = {"toy": "flnotes.toy.task"}
+
+
+def tensor_dataset_names() -> list[str]:
+    """Names of the datasets loaded as tensors."""
+    return sorted(DATASETS)
+
+
+def dataset_names() -> list[str]:
+    """Every dataset name a config may use (tensor datasets and whole-task datasets)."""
+    return sorted(set(DATASETS) | set(TASK_DATASETS))

@@ -1,0 +1,270 @@
+"""Image datasets as tensors: a synthetic task, CIFAR-10/100 (pickles or image folders),
+(Fashion-)MNIST. Each loader returns a :class:`~flnotes.data.tensors.TensorData`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flnotes.data.tensors import TensorData, default_cache_dir
+
+# Per-channel statistics of the training sets (the usual published values).
+MEAN_STD = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+}
+
+
+def _normalise(x_uint8: torch.Tensor, name: str) -> torch.Tensor:
+    """uint8 (N,C,H,W) -> float32 in [0,1], standardised with the dataset's channel mean/std."""
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in MEAN_STD[name])
+    return x_uint8.float().div_(255).sub_(mean).div_(std)  # in place: no 600 MB temporaries
+
+
+# ---------------------------------------------------------------- synthetic
+
+
+def load_synthetic(
+    data_dir: Path,
+    download: bool,
+    seed: int,
+    num_train: int = 6000,
+    num_test: int = 1000,
+    noise: float = 4.0,
+    max_shift: int = 4,
+) -> TensorData:
+    """Ten smooth random 28x28 prototypes, randomly shifted, plus Gaussian pixel noise."""
+    rng = np.random.default_rng(seed)
+    # Smooth prototypes: white noise low-passed with a Gaussian (about 2 px correlation).
+    freq = np.fft.fftfreq(28)
+    lowpass = np.exp(-(freq[:, None] ** 2 + freq[None, :] ** 2) * (2 * np.pi * 2.0) ** 2 / 2)
+    protos = np.fft.ifft2(np.fft.fft2(rng.standard_normal((10, 28, 28))) * lowpass).real
+    protos -= protos.mean(axis=(1, 2), keepdims=True)
+    protos /= protos.std(axis=(1, 2), keepdims=True)  # unit contrast per class
+    n = num_train + num_test
+    y = rng.permutation(np.arange(n) % 10)  # balanced classes
+    # Circular shifts of up to max_shift px are a nuisance no linear map undoes, so with the
+    # default noise a small MLP lands near 80-90% test accuracy instead of 100%.
+    padded = np.pad(protos, ((0, 0), (max_shift, max_shift), (max_shift, max_shift)), "wrap")
+    dy, dx = rng.integers(0, 2 * max_shift + 1, size=(2, n))
+    rows = (dy[:, None] + np.arange(28))[:, :, None]
+    cols = (dx[:, None] + np.arange(28))[:, None, :]
+    x = padded[y[:, None, None], rows, cols] + noise * rng.standard_normal((n, 28, 28))
+    x = torch.from_numpy(x.astype(np.float32)).unsqueeze(1)
+    mean, std = x[:num_train].mean(), x[:num_train].std()
+    x = (x - mean) / std
+    y = torch.from_numpy(y.astype(np.int64))
+    return TensorData("synthetic", x[:num_train], y[:num_train], x[num_train:], y[num_train:], 10)
+
+
+# ---------------------------------------------------------------- image folders
+
+
+# torchvision's ImageFolder extensions (copied so that listing a folder never imports torchvision)
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _image_files(split_dir: Path) -> tuple[list[str], list[str], list[int], int]:
+    """Classes, files, labels and total bytes; ImageFolder rules: classes and files sorted."""
+    # os.scandir, not Path.iterdir + stat: listing 60k files must stay well under a second.
+    classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+    files, labels, total_size = [], [], 0
+    for label, cls in enumerate(classes):
+        entries = sorted(os.scandir(split_dir / cls), key=lambda e: e.name)
+        for e in entries:
+            if os.path.splitext(e.name)[1].lower() in IMG_EXTENSIONS and e.is_file():
+                files.append(e.path)
+                labels.append(label)
+                total_size += e.stat().st_size
+    return classes, files, labels, total_size
+
+
+def _decode_images(files: list[str], desc: str) -> torch.Tensor:
+    """Decode image files to one uint8 tensor (N,3,H,W); every image must have the same size."""
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    arrays = []
+    for f in tqdm(files, desc=desc, unit="img", mininterval=1.0):
+        try:
+            with Image.open(f) as im:
+                arr = np.asarray(im.convert("RGB"))
+        except Exception as e:  # PIL raises several types for bad files
+            raise ValueError(f"cannot decode image {f}: {e}") from e
+        if arrays and arr.shape != arrays[0].shape:
+            raise ValueError(f"image {f} is {arr.shape}, expected {arrays[0].shape} like the rest")
+        arrays.append(arr)
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+
+
+def load_image_folder(root: Path, cache_dir: Path | None = None) -> dict:
+    """Decoded uint8 train/test tensors and class names of root/{train,test}/<class>/*, cached."""
+    root = root.resolve()
+    listing = {split: _image_files(root / split) for split in ("train", "test")}
+    if listing["train"][0] != listing["test"][0]:
+        raise ValueError(f"{root}/train and {root}/test have different class folders")
+    count = sum(len(v[1]) for v in listing.values())
+    total_size = sum(v[3] for v in listing.values())
+    # Key by folder, file count and total size: a changed copy gets a fresh cache entry.
+    key = hashlib.sha256(f"{root}|{count}|{total_size}".encode()).hexdigest()[:16]
+    cache = (cache_dir or default_cache_dir()) / f"imagefolder-{key}.pt"
+    if cache.exists():
+        return torch.load(cache, weights_only=True)
+    out: dict = {"classes": listing["train"][0]}
+    suffixes = {os.path.splitext(f)[1].lower() for v in listing.values() for f in v[1]}
+    out["jpeg"] = bool(suffixes) and suffixes <= {".jpg", ".jpeg"}  # lossy re-encoding
+    for split, (_, files, labels, _) in listing.items():
+        if not files:
+            raise FileNotFoundError(f"no image files under {root / split}")
+        out[f"{split}_x"] = _decode_images(files, f"decoding {root.name}/{split}")
+        out[f"{split}_y"] = torch.tensor(labels, dtype=torch.int64)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp{os.getpid()}")
+    torch.save(out, tmp)
+    tmp.replace(cache)  # atomic, so a killed run never leaves half a cache file
+    return out
+
+
+# ---------------------------------------------------------------- CIFAR
+
+
+def load_cifar(
+    data_dir: Path, download: bool, seed: int, name: str = "cifar10", coarse: bool = False
+) -> TensorData:
+    """CIFAR-10/100 from an image folder or torchvision's pickles (downloaded if asked)."""
+    if coarse and name != "cifar100":
+        raise ValueError(f"coarse=True exists only for cifar100, not {name}")
+    num_classes = 10 if name == "cifar10" else (20 if coarse else 100)
+    folder_roots = [data_dir, data_dir / name]
+    for root in folder_roots:
+        if (root / "train").is_dir() and (root / "test").is_dir():
+            if coarse:
+                raise ValueError(
+                    f"coarse=True needs CIFAR-100's pickles; {root} is an image folder"
+                )
+            d = load_image_folder(root)
+            if len(d["classes"]) != num_classes:
+                raise ValueError(f"{root} has {len(d['classes'])} class folders, not {num_classes}")
+            xs = [_normalise(d[k], name) for k in ("train_x", "test_x")]
+            # A cache written before "jpeg" was recorded: look at the files again.
+            jpeg = d["jpeg"] if "jpeg" in d else all(
+                os.path.splitext(f)[1].lower() in (".jpg", ".jpeg")
+                for f in _image_files(root / "train")[1])
+            return TensorData(name, xs[0], d["train_y"], xs[1], d["test_y"], num_classes,
+                              source="a JPEG image folder" if jpeg else "an image folder")
+    pickle_dir = data_dir / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
+    if not pickle_dir.is_dir() and not download:
+        looked = [str(r / s) for r in folder_roots for s in ("train", "test")]
+        raise FileNotFoundError(
+            f"{name} not found: looked for an image folder ({', '.join(looked)}) and for "
+            f"torchvision's pickles ({pickle_dir}). Get it with load_dataset({name!r}, "
+            "download=True) (command line: --download), or point data_dir (or $FLNOTES_DATA) at "
+            "an ImageFolder copy with train/<class>/*.jpg and test/<class>/*.jpg."
+        )
+    import torchvision  # slow to import: only when needed
+
+    cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    splits = []
+    for train, (file_name, _) in ((True, cls.train_list[0]), (False, cls.test_list[0])):
+        try:
+            ds = cls(root=str(data_dir), train=train, download=download)
+        except RuntimeError as e:  # torchvision's md5 check failed
+            raise RuntimeError(f"{name} pickles in {pickle_dir} are incomplete: {e}") from e
+        x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW uint8
+        y = ds.targets
+        if coarse:
+            # torchvision keeps only fine labels; CIFAR-100's raw pickle ('train' or 'test',
+            # one file each) also holds the 20 superclass labels.
+            with open(pickle_dir / file_name, "rb") as f:
+                y = pickle.load(f, encoding="latin1")["coarse_labels"]
+        splits += [_normalise(x, name), torch.tensor(y, dtype=torch.int64)]
+    return TensorData(name, *splits, num_classes)
+
+
+# ---------------------------------------------------------------- IDX (MNIST family)
+
+# Where Debian's package dataset-fashion-mnist installs the four .gz files.
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+IDX_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+
+
+def read_idx(path: Path, expected_ndim: int) -> np.ndarray:
+    """Parse an IDX file of unsigned bytes (optionally gzipped) into a uint8 array."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise ValueError(f"cannot read IDX file {path}: {e}") from e
+    magic = int.from_bytes(raw[:4], "big")
+    # Magic = 0x0000, type 0x08 (ubyte), number of dimensions: 2049 labels, 2051 images.
+    if magic != 0x0800 + expected_ndim:
+        raise ValueError(
+            f"{path} is not an IDX ubyte file with {expected_ndim} dims: magic {magic:#010x}, "
+            f"expected {0x0800 + expected_ndim:#010x}"
+        )
+    header = 4 + 4 * expected_ndim
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(expected_ndim)]
+    if len(raw) < header or len(raw) - header != int(np.prod(dims)):
+        raise ValueError(
+            f"IDX file {path} is truncated or padded: {len(raw) - header} data bytes, dims {dims}"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find_idx_dir(dirs: list[Path]) -> dict[str, Path] | None:
+    """Paths of the four IDX files in the first directory holding all of them (raw or .gz)."""
+    for d in dirs:
+        found = {
+            k: next((p for p in (d / f, d / f"{f}.gz") if p.is_file()), None)
+            for k, f in IDX_FILES.items()
+        }
+        if all(found.values()):
+            return found
+    return None
+
+
+def load_idx_dataset(
+    data_dir: Path, download: bool, seed: int, name: str = "fashion-mnist"
+) -> TensorData:
+    """MNIST or Fashion-MNIST from IDX files, via torchvision's download if asked."""
+    tv_name = "FashionMNIST" if name == "fashion-mnist" else "MNIST"
+    dirs = [data_dir, data_dir / tv_name / "raw"]  # the second is torchvision's layout
+    if name == "fashion-mnist":
+        dirs.append(DEBIAN_FASHION_MNIST)
+    files = _find_idx_dir(dirs)
+    if files is None and download:
+        import torchvision
+
+        getattr(torchvision.datasets, tv_name)(root=str(data_dir), download=True)
+        files = _find_idx_dir(dirs)
+    if files is None:
+        hint = "apt-get install dataset-fashion-mnist, or " if name == "fashion-mnist" else ""
+        raise FileNotFoundError(
+            f"{name} IDX files ({', '.join(IDX_FILES.values())}, optionally .gz) not found in "
+            f"any of: {', '.join(map(str, dirs))}. Get them with {hint}load_dataset({name!r}, "
+            "download=True) (command line: --download), or point data_dir at a folder holding them."
+        )
+    a = {k: read_idx(p, 3 if k.endswith("_x") else 1) for k, p in files.items()}
+    for s in ("train", "test"):
+        if len(a[f"{s}_x"]) != len(a[f"{s}_y"]):
+            raise ValueError(f"{files[s + '_x']} and {files[s + '_y']} differ in length")
+    # copy(): frombuffer arrays are read-only, torch wants writable memory.
+    xs = [
+        _normalise(torch.from_numpy(a[k].copy()).unsqueeze(1), name) for k in ("train_x", "test_x")
+    ]
+    ys = [torch.from_numpy(a[k].astype(np.int64)) for k in ("train_y", "test_y")]
+    return TensorData(name, xs[0], ys[0], xs[1], ys[1], 10)

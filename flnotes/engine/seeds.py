@@ -1,0 +1,123 @@
+"""Several seeds of one configuration as one batched run: S seeds x K clients per step.
+
+A paper's table cell is a mean +- std over seeds. Run one after another, every round of
+every seed trains its K clients; stacked, the S runs go through their rounds in lockstep
+and each round trains all S*K clients as one stack (:mod:`flnotes.engine.batched.stacked`, compiled
+when ``config.compile`` asks for it). That keeps a GPU busier; on a CPU it is no faster
+than running the seeds in turn. Each seed builds its own Task; seeds whose data come out
+identical (a dataset read from files, whatever the seed) share one copy on the device.
+
+Each seed stays a run of its own: its own partition, client sampling, strategy, History
+and run folder (``run_dir/seed<N>``, resumable as usual), and its results equal
+``run(config.replace(seed=N))`` to float tolerance (tests/test_seeds.py).
+
+What shares the stack: every strategy that trains one model per client; a penalty's
+run-dependent part (FedUp's previous global model) travels per lane in its anchor
+(``Strategy.penalty_anchor``). FML trains two models per client and has its own batched
+update, so its seeds train run by run inside the same lockstep round. Where the backend
+resolves to the loop (``backend="loop"``, or ``"auto"`` on a CPU, where the loop is
+faster), the seeds run one after another.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from flnotes.algorithms.base import ClientResult
+from flnotes.engine.backends import resolve_backend, train_clients
+from flnotes.engine.batched.stacked import train_supervised
+from flnotes.engine.history import History
+from flnotes.engine.sim import Simulation, run
+from flnotes.engine.tasks import build_task
+
+
+def seed_configs(config, seeds: list[int]) -> list:
+    """One config per seed; a run folder gets one subfolder per seed (``seed<N>``)."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("run_seeds needs at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"run_seeds got a seed twice: {seeds}")
+    return [config.replace(seed=seed, run_dir=None if config.run_dir is None
+                           else f"{config.run_dir}/seed{seed}") for seed in seeds]
+
+
+def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[History]:
+    """Run ``config`` once per seed, the seeds' clients trained together; one History each."""
+    configs = seed_configs(config, seeds)
+    if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
+        return [run(c, progress=progress) for c in configs]
+    sims: list[Simulation] = []
+    for c in configs:  # one at a time, so at most two copies of the data exist at once
+        first = sims[0].task if sims else None
+        sims.append(Simulation(c, task=share_identical_data(build_task(c), first)))
+    waiting = [sim for sim in sims if sim.running]
+    first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
+    bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
+               disable=not progress, initial=first - 1, total=config.rounds)
+    try:
+        for rnd in bar:
+            active = [sim for sim in sims if sim.running and sim.start_round <= rnd]
+            if not active:
+                break
+            tic = time.perf_counter()
+            plans = [(sim, *sim.begin_round(rnd)) for sim in active]
+            trained = train_plans(plans, rnd)
+            seconds = time.perf_counter() - tic  # the stack's time, reported by every seed
+            rows = [sim.end_round(rnd, clients, starts, results, seconds)
+                    for (sim, clients, starts), results in zip(plans, trained, strict=True)]
+            accuracies = [row["accuracy"] for row in rows if "accuracy" in row]
+            if accuracies:
+                bar.set_postfix(mean_acc=f"{sum(accuracies) / len(accuracies):.3f}",
+                                s_per_round=f"{seconds:.2f}")
+    except KeyboardInterrupt:  # Ctrl-C: every run still going is marked, as run() does
+        bar.close()
+        for sim in sims:
+            if sim.running:
+                sim.interrupt()
+        raise
+    bar.close()
+    return [sim.finish() for sim in sims]
+
+
+def share_identical_data(task, first):
+    """``task`` with its data tensors replaced by ``first``'s (a Task or None) where equal."""
+    for name in ("train_x", "train_y", "test_x", "test_y") if first is not None else ():
+        mine, theirs = getattr(task, name), getattr(first, name)
+        if (mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                and mine.device == theirs.device and torch.equal(mine, theirs)):
+            setattr(task, name, theirs)
+    return task
+
+
+def shares_stack(strategy) -> bool:
+    """Whether a strategy's clients can train in a stack with other seeds' clients."""
+    return not strategy.custom_local_update
+
+
+def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
+    """Each plan's (sim, clients, starts) trained; stackable plans as one computation."""
+    out: list[list[ClientResult] | None] = [None] * len(plans)
+    stackable = [i for i, (sim, _, _) in enumerate(plans) if shares_stack(sim.strategy)]
+    # Once S x K models did not fit, later rounds go run by run at once.
+    cache = plans[stackable[0]][0].task.backend_cache if stackable else {}
+    if stackable and not cache.get("seed-stack-too-big"):
+        groups = [(sim.task, sim.strategy, sim.config, clients, starts)
+                  for sim, clients, starts in (plans[i] for i in stackable)]
+        too_big = False
+        try:
+            for i, results in zip(stackable, train_supervised(groups, rnd), strict=True):
+                out[i] = results
+        except torch.cuda.OutOfMemoryError:  # run by run below, where the vmap backend
+            too_big = True  # halves groups that do not fit
+        if too_big:
+            cache["seed-stack-too-big"] = True
+            torch.cuda.empty_cache()  # here: the except clause's traceback still held the stack
+    for i, (sim, clients, group_starts) in enumerate(plans):
+        if out[i] is None:  # FML (or a stack too big): this run's clients alone
+            out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,
+                                   sim.config)
+    return out

@@ -1,0 +1,207 @@
+"""A Task joins config -> data, partition and model factory: everything a run trains on.
+
+Datasets come from :mod:`flnotes.data` (tensors) or from a module that builds a whole
+task itself (the 2-D toy, LEAF's natural splits). Client data stay as one tensor plus
+per-client index tensors, so training never does per-sample Python work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flnotes.data.registry import TASK_DATASETS
+from flnotes.rng import torch_generator
+
+
+@dataclass
+class Task:
+    """Client training data, the test set and the model factory of one run."""
+
+    name: str
+    model_factory: Callable[[], nn.Module]
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    client_indices: list[torch.Tensor]  # rows of train_x each client trains on
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    client_test_indices: list[torch.Tensor] | None = None  # each client's held-out rows
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+    # Which tensor client_test_indices index: "train" (rows held out of the client's own
+    # training share) or "test" (a natural split's per-client test rows, e.g. LEAF).
+    client_test_source: str = "train"
+    data_source: str = ""  # TensorData.source: e.g. "a JPEG image folder" (recorded by a run)
+    _working_model: nn.Module | None = field(default=None, init=False, repr=False)
+    # Built once per run by a training backend (e.g. the compiled step), keyed by it.
+    backend_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def working_model(self) -> nn.Module:
+        """One model instance, built once, that training and evaluation load states into."""
+        if self._working_model is None:
+            self._working_model = self.model_factory()
+        return self._working_model
+
+    @property
+    def num_clients(self) -> int:
+        """Number of clients in the federation."""
+        return len(self.client_indices)
+
+    def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (inputs, labels) a client trains on."""
+        idx = self.client_indices[client]
+        return self.train_x[idx], self.train_y[idx]
+
+    def client_test_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (inputs, labels) a client holds out to test its own (personal) model."""
+        if self.client_test_indices is None:
+            raise ValueError("this task has no per-client test data: set client_test_fraction")
+        idx = self.client_test_indices[client]
+        if self.client_test_source == "test":
+            return self.test_x[idx], self.test_y[idx]
+        return self.train_x[idx], self.train_y[idx]
+
+    def num_samples(self, client: int) -> int:
+        """How many training samples a client holds."""
+        return int(self.client_indices[client].numel())
+
+    @torch.no_grad()
+    def evaluate_on(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+    ) -> dict[str, float]:
+        """Accuracy and mean loss of a model on (x, y), in eval mode."""
+        was_training = model.training
+        model.eval()
+        # Sums stay on the device until the end: one transfer, not two per batch.
+        correct = torch.zeros((), dtype=torch.long, device=y.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
+        for start in range(0, len(y), batch_size):
+            out = model(x[start : start + batch_size])
+            target = y[start : start + batch_size]
+            loss_sum += self.loss_fn(out, target).double() * len(target)
+            correct += (out.argmax(dim=1) == target).sum()
+        model.train(was_training)
+        n = max(len(y), 1)
+        return {"accuracy": int(correct) / n, "loss": float(loss_sum) / n}
+
+    def evaluate(self, model: nn.Module, batch_size: int = 1000) -> dict[str, float]:
+        """Accuracy and loss on the full test set."""
+        return self.evaluate_on(model, self.test_x, self.test_y, batch_size)
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def build_task(config) -> Task:
+    """Load data, split it over clients and bind the model factory, all from a config."""
+    config = config.resolved()
+    if config.dataset in TASK_DATASETS:  # a dataset that builds its whole task (the toy)
+        return importlib.import_module(TASK_DATASETS[config.dataset]).build_task(config)
+
+    from flnotes.data import load_dataset
+    from flnotes.data.partition import load_manifest, make_partition, save_manifest
+
+    data = load_dataset(
+        config.dataset, data_dir=config.data_dir, download=config.download,
+        seed=config.seed, **config.data_options,
+    )
+    if config.partition == "natural":
+        parts = getattr(data, "client_indices", None)
+        if parts is None:
+            raise ValueError(
+                f"partition='natural' needs a dataset with its own client split "
+                f"(LEAF); {config.dataset!r} has none: use iid, dirichlet or shards"
+            )
+        parts = list(parts)[: config.num_clients]
+        if len(parts) < config.num_clients:
+            raise ValueError(
+                f"{config.dataset!r} has only {len(parts)} natural clients but "
+                f"num_clients={config.num_clients}"
+            )
+        natural_tests = getattr(data, "client_test_indices", None)
+        if natural_tests:
+            return _natural_task(config, data, parts, list(natural_tests)[: config.num_clients])
+    elif config.partition_manifest and Path(config.partition_manifest).exists():
+        parts = load_manifest(config.partition_manifest, data.train_y)
+        if len(parts) != config.num_clients:
+            raise ValueError(
+                f"manifest {config.partition_manifest} has {len(parts)} clients but "
+                f"num_clients={config.num_clients}"
+            )
+    else:
+        # A dataset with its own client split (LEAF) may hold rows that no client trains on:
+        # the test windows inside the role texts, rows left out by max_roles / max_samples.
+        # Re-splitting it (iid, dirichlet) draws from its clients' training rows only.
+        pool = getattr(data, "client_indices", None)
+        pool = torch.cat(list(pool)) if pool else None
+        parts = make_partition(
+            data.train_y if pool is None else data.train_y[pool], config.num_clients,
+            config.partition, seed=config.seed, dirichlet_alpha=config.dirichlet_alpha,
+            shards_per_client=config.shards_per_client, min_size=config.min_client_size,
+        )
+        if pool is not None:
+            parts = [pool[p] for p in parts]
+        if config.partition_manifest:
+            save_manifest(config.partition_manifest, parts, data.train_y,
+                          meta={"config": config.to_dict()})
+
+    train_parts, test_parts = split_clients(parts, config.client_test_fraction, config.seed)
+    return _make_task(config, data, train_parts, data.test_x, data.test_y, test_parts, "train")
+
+
+def _natural_task(config, data, parts: list[torch.Tensor], tests: list[torch.Tensor]) -> Task:
+    """A natural (LEAF) split: the test set is the kept clients' own test rows."""
+    rows = torch.cat(tests)
+    bounds = torch.tensor([0] + [len(t) for t in tests]).cumsum(0).tolist()
+    personal = [torch.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return _make_task(config, data, parts, data.test_x[rows], data.test_y[rows],
+                      personal if config.client_test_fraction else None, "test")
+
+
+def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_source) -> Task:
+    from flnotes.models import build_model
+
+    device = resolve_device(config.device)
+    input_shape = tuple(data.train_x.shape[1:])
+
+    def model_factory() -> nn.Module:
+        return build_model(config.model, data.num_classes, input_shape).to(device)
+
+    to = lambda t: t.to(device)  # noqa: E731 - data live on the training device
+    return Task(
+        name=config.dataset,
+        model_factory=model_factory,
+        train_x=to(data.train_x), train_y=to(data.train_y),
+        client_indices=[to(p) for p in train_parts],
+        test_x=to(test_x), test_y=to(test_y),
+        num_classes=data.num_classes,
+        client_test_indices=[to(p) for p in test_parts] if test_parts else None,
+        client_test_source=test_source,
+        data_source=getattr(data, "source", ""),
+    )
+
+
+def split_clients(
+    parts: list[torch.Tensor], test_fraction: float, seed: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Hold out a seeded random share of each client's rows as its personal test set."""
+    if not test_fraction:
+        return parts, None
+    train, test = [], []
+    for client, idx in enumerate(parts):
+        perm = idx[torch.randperm(len(idx), generator=torch_generator(seed, "heldout", client))]
+        n_test = max(1, int(round(test_fraction * len(idx))))
+        test.append(perm[:n_test].sort().values)
+        train.append(perm[n_test:].sort().values)
+    return train, test

@@ -1,0 +1,112 @@
+"""Local training of a round's clients, the reference ``loop`` backend.
+
+:func:`flnotes.engine.backends.train_clients` is the one entry point the engine calls; the
+loop is the reference: each client in turn, ``torch.optim.SGD`` on its own mini-batches. A faster
+backend must produce the same models from the same seed, so the batch order of every
+client is fixed by :func:`batch_schedule` from (seed, round, client) alone.
+
+"The same" means to float32 rounding (about 1e-6 relative after a round). On a GPU with
+TF32 on (PyTorch's default for cuDNN convolutions, recorded in a run's environment) the
+backends run different kernels at TF32 precision and agree to about 1e-3; turn it off
+(``torch.backends.cudnn.allow_tf32 = False``) for the tighter agreement.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.engine.state import clone_state
+from flnotes.rng import torch_generator
+
+
+def batch_schedule(
+    num_samples: int,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    device: torch.device | str | None = None,
+) -> list[torch.Tensor]:
+    """Row indices of every local step: a fresh shuffle per epoch, last batch may be short.
+
+    With ``device`` the indices go there in one copy: a copy per step would make a GPU
+    finish the previous step first.
+    """
+    order = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(epochs)])
+    if device is not None:
+        order = order.to(device)
+    return [order[e * num_samples + s: e * num_samples + min(s + batch_size, num_samples)]
+            for e in range(epochs) for s in range(0, num_samples, batch_size)]
+
+
+def client_generator(config, round: int, client: int) -> torch.Generator:
+    """The generator that orders one client's batches in one round."""
+    return torch_generator(config.seed, "batches", round, client)
+
+
+def local_sgd(
+    model: nn.Module,
+    start: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    generator: torch.Generator,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    penalty: Callable[[dict, dict], torch.Tensor | None] | None = None,
+    anchor: dict[str, torch.Tensor] | None = None,
+) -> tuple[OrderedDict[str, torch.Tensor], float]:
+    """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss.
+
+    ``penalty(params, anchor)`` is added to the loss; ``anchor`` defaults to ``start``.
+    """
+    model.load_state_dict(start)
+    model.train()
+    params = dict(model.named_parameters())
+    anchor = {n: t.detach() for n, t in (start if anchor is None else anchor).items()}
+    opt = torch.optim.SGD(params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    losses = []
+    for idx in batch_schedule(len(y), epochs, batch_size, generator, x.device):
+        loss = loss_fn(model(x[idx]), y[idx])
+        total = loss
+        if penalty is not None:
+            extra = penalty(params, anchor)
+            if extra is not None:
+                total = loss + extra
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+        losses.append(loss.detach())
+    mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    return clone_state(model.state_dict()), mean_loss
+
+
+def train_clients_loop(
+    task, strategy: Strategy, round: int, clients: list[int], starts: list, config
+) -> list[ClientResult]:
+    """Reference backend: train the sampled clients one after another."""
+    model = task.working_model()  # every client loads its start state into it
+    penalty = strategy.local_penalty if strategy.has_penalty else None
+    results = []
+    for client, start in zip(clients, starts, strict=True):
+        generator = client_generator(config, round, client)
+        if strategy.custom_local_update:
+            results.append(strategy.local_update(task, client, start, generator))
+            continue
+        x, y = task.client_data(client)
+        state, loss = local_sgd(
+            model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
+            lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+            generator=generator, loss_fn=task.loss_fn, penalty=penalty,
+            anchor=strategy.penalty_anchor(start) if penalty is not None else None,
+        )
+        results.append(ClientResult(client, state, len(y), loss))
+    return results

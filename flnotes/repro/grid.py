@@ -1,0 +1,271 @@
+"""The YAML grid of a sweep: read, check against the notebook, expand into cells.
+
+A grid file::
+
+    notebook: notebooks/10_reproduce_cifar.ipynb  # relative to the grid, cwd or the repo
+    paper_table: fedmut_table1       # optional: CSV in data/paper_tables the cells belong to
+    labels: {dataset: CIFAR-10}      # optional: table labels shared by every cell
+    fixed: {preset: fedmut-paper, rounds: 500}   # parameters of every cell
+    grid:                            # axes crossed with each other
+      algorithms: [fedavg, fedmut]   #   a parameter and its values (label = the value)
+      heterogeneity:                 #   or labels -> bundles of parameters
+        dir=0.1: {partition: dirichlet, dirichlet_alpha: 0.1}
+        iid: {partition: iid}
+        CIFAR-100/q=0.3: {dataset: cifar100, labels: {dataset: CIFAR-100}}  # more labels
+    seeds: [0, 1, 2]                 # one cell per seed (injected as seeds=[s] or seed=s)
+    stack_seeds: false               # true: one cell with seeds=[0, 1, 2], which the notebook
+                                     #   runs stacked into one batched run (flnotes.engine.seeds)
+    smoke: {fixed: {...}, grid: {...}, seeds: [0]}   # --smoke: overrides for a CPU check
+
+``preset`` (in fixed or in a bundle) expands to that preset's RunConfig fields
+(``python -m flnotes presets NAME``) under everything set explicitly; fields the notebook has
+no parameter for go into its ``extra`` dict; the preset's ``algorithm`` is left to the grid.
+An axis's label is the cell's label for the axis name; the labels named dataset, model,
+heterogeneity and method key the cell into the paper table (see flnotes.tables).
+
+Every parameter is checked against the notebook's parameters cell before anything runs
+(:func:`load_grid`); flnotes.repro.sweep runs the cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flnotes.repro import REPO_ROOT
+
+GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seeds", "smoke",
+             "description", "stack_seeds"}
+SMOKE_KEYS = {"fixed", "grid", "seeds", "labels", "stack_seeds"}
+RESERVED = {"output_dir", "seeds", "seed"}  # set by the sweep itself
+PSEUDO = {"preset", "labels"}  # grid keys that are not notebook parameters
+
+
+class GridError(ValueError):
+    """A grid file that cannot run; the message lists every problem found."""
+
+
+@dataclass
+class Cell:
+    """One notebook execution: parameters, table labels and its folder name."""
+
+    id: str
+    parameters: dict[str, Any]
+    labels: dict[str, str]
+    seed: int  # the cell's (first) seed
+    seeds: list[int] = field(default_factory=list)  # every seed it runs (stack_seeds: several)
+
+
+@dataclass
+class Grid:
+    """A validated grid file (one variant: paper scale or smoke)."""
+
+    name: str
+    path: Path
+    notebook: Path
+    variant: str
+    cells: list[Cell] = field(default_factory=list)
+    paper_table: str | None = None
+
+
+def find_notebook(name: str, grid_path: Path) -> Path | None:
+    """The notebook path: as given, or relative to the grid file, the cwd or the repo root."""
+    candidates = [Path(name)] if Path(name).is_absolute() else [
+        grid_path.parent / name, Path.cwd() / name, REPO_ROOT / name]
+    return next((c.resolve() for c in candidates if c.is_file()), None)
+
+
+def notebook_parameters(notebook: Path) -> set[str]:
+    """Names defined in the notebook's cell tagged 'parameters'."""
+    import papermill as pm
+
+    return set(pm.inspect_notebook(str(notebook)))
+
+
+def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = None,
+              stack_seeds: bool | None = None) -> Grid:
+    """Read and check a grid file; raise GridError naming every problem before anything runs.
+
+    ``overrides`` (command line ``--set KEY=VALUE``) win over every value of the grid, and
+    ``stack_seeds`` (``--stack-seeds``), when not None, over the grid's ``stack_seeds``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GridError(f"grid file {path} not found")
+    spec = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(spec, dict):
+        raise GridError(f"{path}: a grid file is a YAML mapping, got {type(spec).__name__}")
+    problems = [f"unknown key {k!r} (allowed: {sorted(GRID_KEYS)})"
+                for k in spec if k not in GRID_KEYS]
+    fixed, axes = dict(spec.get("fixed") or {}), dict(spec.get("grid") or {})
+    labels, seeds = dict(spec.get("labels") or {}), spec.get("seeds", [0])
+    stack = spec.get("stack_seeds", False)
+    if smoke:
+        over = spec.get("smoke")
+        if not isinstance(over, dict):
+            problems.append("--smoke asked but the grid has no 'smoke' section")
+            over = {}
+        problems += [f"unknown key 'smoke.{k}' (allowed: {sorted(SMOKE_KEYS)})"
+                     for k in over if k not in SMOKE_KEYS]
+        fixed.update(over.get("fixed") or {})
+        axes.update(over.get("grid") or {})  # an axis given here replaces the same axis
+        labels.update(over.get("labels") or {})
+        seeds = over.get("seeds", seeds)
+        stack = over.get("stack_seeds", stack)
+    if stack_seeds is not None:
+        stack = stack_seeds
+    notebook = find_notebook(str(spec.get("notebook", "")), path)
+    if not spec.get("notebook"):
+        problems.append("no 'notebook' given")
+    elif notebook is None:
+        problems.append(f"notebook {spec['notebook']!r} not found (looked beside the grid, in "
+                        f"the current folder and in {REPO_ROOT})")
+    table = spec.get("paper_table")
+    if table is not None:
+        from flnotes.repro.paper_tables import paper_table_names
+
+        if table not in paper_table_names():
+            problems.append(f"unknown paper_table {table!r}; known: {paper_table_names()}")
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        problems.append(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    if not isinstance(stack, bool):
+        problems.append(f"'stack_seeds' must be true or false, got {stack!r}")
+    elif stack and notebook is not None and _seed_parameter(notebook) != "seeds":
+        problems.append(f"'stack_seeds' needs a notebook with a 'seeds' parameter; "
+                        f"{notebook.name} takes one 'seed'")
+    problems += _axis_problems(axes)
+    overrides = dict(overrides or {})
+    if notebook is not None:
+        problems += _parameter_problems(notebook, fixed, axes, overrides)
+    if problems:
+        raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
+    variant = "smoke" if smoke else "paper"
+    grid = Grid(name=str(spec.get("name") or path.stem), path=path, notebook=notebook,
+                variant=variant, paper_table=table)
+    known = notebook_parameters(notebook)
+    try:
+        grid.cells = expand(fixed, axes, seeds, labels, seed_parameter=_seed_parameter(notebook),
+                            known=known, overrides=overrides, stack_seeds=stack)
+    except ValueError as err:  # an unknown preset, or preset fields with nowhere to go
+        raise GridError(f"{path}: {err}") from err
+    return grid
+
+
+def _axis_problems(axes: dict) -> list[str]:
+    problems = []
+    for name, values in axes.items():
+        if isinstance(values, dict):
+            if not values:
+                problems.append(f"grid axis {name!r} is empty")
+            for label, bundle in values.items():
+                if not isinstance(bundle, dict) or not bundle:
+                    problems.append(f"grid axis {name!r}, label {label!r}: expected a non-empty "
+                                    f"mapping of parameters, got {bundle!r}")
+        elif not isinstance(values, list) or not values:
+            problems.append(f"grid axis {name!r} must be a non-empty list of values or a mapping "
+                            f"label -> parameters, got {values!r}")
+    return problems
+
+
+def _parameter_problems(notebook: Path, fixed: dict, axes: dict, overrides: dict) -> list[str]:
+    """Every parameter the grid sets must exist in the notebook's parameters cell."""
+    own = notebook_parameters(notebook)
+    known = own | PSEUDO
+    used = [(k, "fixed") for k in fixed] + [(k, "--set") for k in overrides]
+    for name, values in axes.items():
+        if isinstance(values, dict):
+            used += [(k, f"grid axis {name!r}") for bundle in values.values()
+                     if isinstance(bundle, dict) for k in bundle]
+        else:
+            used.append((name, "grid"))
+    problems = [f"parameter {k!r} (in {where}) is set by the sweep itself" for k, where in used
+                if k in RESERVED]
+    problems += [f"parameter {k!r} (in {where}) is not a parameter of {notebook.name}; its "
+                 f"parameters are {sorted(own - RESERVED)} (others go in 'extra')"
+                 for k, where in used if k not in known and k not in RESERVED]
+    if "output_dir" not in known:
+        problems.append(f"{notebook.name} has no 'output_dir' parameter to put run folders in")
+    if not known & {"seeds", "seed"}:
+        problems.append(f"{notebook.name} has no 'seeds' or 'seed' parameter")
+    return problems
+
+
+def _seed_parameter(notebook: Path) -> str:
+    return "seeds" if "seeds" in notebook_parameters(notebook) else "seed"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "-", text).strip("-") or "x"
+
+
+def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None,
+           seed_parameter: str = "seeds", known: set[str] | None = None,
+           overrides: dict | None = None, stack_seeds: bool = False) -> list[Cell]:
+    """Cross the axes (seeds outermost, so every setting's first seed runs first).
+
+    With ``stack_seeds`` every setting is one cell that runs all the seeds.
+    """
+    choices = []
+    for name, values in axes.items():
+        if isinstance(values, dict):
+            choices.append([(name, str(label), dict(b)) for label, b in values.items()])
+        else:
+            choices.append([(name, _label(v), {name: v}) for v in values])
+    cells = []
+    for group in [list(seeds)] if stack_seeds else [[seed] for seed in seeds]:
+        for combo in itertools.product(*choices):
+            cell_labels = dict(labels or {})
+            for axis, label, bundle in combo:
+                cell_labels[axis] = label
+                cell_labels.update(bundle.get("labels") or {})
+            layers = [fixed, *(bundle for _, _, bundle in combo), overrides or {}]
+            params = resolve_parameters(layers, known)
+            params[seed_parameter] = group if seed_parameter == "seeds" else group[0]
+            digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
+            name = "_".join(_slug(label) for _, label, _ in combo)
+            seed_tag = "seed" + "+".join(map(str, group))
+            cell_id = f"{name + '_' if name else ''}{seed_tag}-{digest.hexdigest()[:8]}"
+            cells.append(Cell(cell_id, params, cell_labels, group[0], group))
+    return cells
+
+
+def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dict[str, Any]:
+    """Notebook parameters of a cell: its preset's fields, then each layer in order on top."""
+    from flnotes.config.presets import preset_values
+
+    preset = next((layer["preset"] for layer in reversed(layers) if "preset" in layer), None)
+    params: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if preset is not None:
+        values = preset_values(preset)
+        values.pop("algorithm", None)  # the grid chooses the methods
+        for key, value in values.items():
+            if known is None or key in known:
+                params[key] = value
+            else:
+                extra[key] = value
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "extra":
+                extra.update(value or {})
+            elif key not in PSEUDO:
+                params[key] = value
+                extra.pop(key, None)
+    if extra:
+        if known is not None and "extra" not in known:
+            raise ValueError(f"preset {preset!r} sets {sorted(extra)}, which the notebook has no "
+                             "parameter for (and it has no 'extra' parameter)")
+        params["extra"] = extra
+    return params
+
+
+def _label(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -1,0 +1,56 @@
+"""Execute the teaching notebooks with papermill (the main job's second half)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flnotes.repro import REPO_ROOT
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+
+def quiet_kernel_manager():
+    """The kernel manager papermill should start kernels with.
+
+    ipykernel >= 7.3 warns on every start over plain TCP ("Kernel is running over TCP without
+    encryption"), once per notebook of a sweep; jupyter_client >= 8.10 can provision CurveZMQ
+    keys for kernels that support them ('auto'), which silences it. Older versions: the plain
+    manager.
+    """
+    from jupyter_client.manager import KernelManager
+    from traitlets import default
+
+    if "transport_encryption" not in KernelManager.class_trait_names():
+        return KernelManager
+
+    class EncryptedKernelManager(KernelManager):
+        @default("transport_encryption")
+        def _encrypt_when_the_kernel_can(self) -> str:
+            return "auto"
+
+    return EncryptedKernelManager
+
+
+def teaching_notebooks(folder: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The toy-landscape notebooks 00-09, in course order."""
+    return sorted(folder.glob("0[0-9]_*.ipynb"))
+
+
+def run_teaching_notebooks(out: Path, parameters: dict | None = None) -> list[Path]:
+    """Run each teaching notebook headless into ``out``; return the executed copies."""
+    import papermill as pm
+
+    notebooks = teaching_notebooks()
+    if not notebooks:
+        print(f"no teaching notebooks found in {NOTEBOOK_DIR}")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    for nb in notebooks:
+        target = out / nb.name
+        print(f"== notebook {nb.name} -> {target}")
+        pm.execute_notebook(str(nb), str(target), parameters=parameters or {},
+                            cwd=str(out), progress_bar=False, kernel_name="python3",
+                            kernel_manager_class=quiet_kernel_manager())
+        done.append(target)
+    return done

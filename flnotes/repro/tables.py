@@ -1,0 +1,264 @@
+"""Results -> tables beside the papers' numbers.
+
+Table metric (the papers do not say how they computed their +-): for each run, the mean and
+the sample standard deviation (ddof=1) of the global test accuracy over its last 10
+evaluations; then, per table cell, the mean of those means and of those stds over seeds, and
+``seed_std``, the sample std of the per-seed means (the usual "mean +- std over runs"). The
+final and the best accuracy of each run are kept too, averaged the same way. Accuracies are in
+percent, like the papers' tables. A std of a single value is undefined: NaN.
+
+A run is found by its folder (``run.json`` + ``metrics.jsonl``, written by
+``flnotes.engine.sim.run``); the sweep's ``cell.json`` in a parent folder gives the paper table
+and the labels of the cell. Labels not given there are derived from the run's config
+(``cifar10`` -> ``CIFAR-10``, ``dirichlet`` with alpha 0.5 -> ``dir=0.5``, ``fedmut`` ->
+``FedMut``).
+
+A cell whose runs differ from the paper's setting is marked: the setting of each table cell is
+the paper-scale expansion of the table's grid in sweeps/ (its preset, then the cell's values),
+and a run's config is checked against it (:mod:`flnotes.repro.paper_setting`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from flnotes.repro.paper_tables import (
+    KEY,
+    load_paper_table,
+    paper_table_names,
+    run_labels,
+)
+
+LAST_EVALUATIONS = 10
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """Sample standard deviation (ddof=1), as papers report mean +- std; NaN for < 2 values."""
+    values = np.asarray(values, dtype=float)
+    return float(values.std(ddof=1)) if values.size >= 2 else float("nan")
+
+
+def run_metrics(accuracies: Sequence[float], last: int = LAST_EVALUATIONS) -> dict[str, float]:
+    """Mean and sample std over the last evaluations, plus final and best accuracy."""
+    values = np.asarray(accuracies, dtype=float)
+    if values.size == 0:
+        nan = float("nan")
+        return {"last_mean": nan, "last_std": nan, "final": nan, "best": nan, "evaluations": 0}
+    tail = values[-last:]
+    return {"last_mean": float(tail.mean()), "last_std": sample_std(tail),
+            "final": float(values[-1]), "best": float(values.max()),
+            "evaluations": int(values.size)}
+
+
+def _cell_info(run_dir: Path, root: Path) -> dict:
+    """The sweep's cell.json of the nearest parent folder up to root, if any."""
+    for folder in [run_dir, *run_dir.parents]:
+        cell = folder / "cell.json"
+        if cell.exists():
+            return json.loads(cell.read_text())
+        if folder == root:
+            break
+    return {}
+
+
+def collect_runs(root: str | Path) -> pd.DataFrame:
+    """One row per run folder under root: table key, seed, status, run metrics and config."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"results folder {root} not found; give a folder holding run "
+                                "folders, e.g. runs or a sweep's output runs/sweeps/<name>")
+    rows = []
+    for meta_file in sorted(root.rglob("run.json")):
+        run_dir = meta_file.parent
+        metrics_file = run_dir / "metrics.jsonl"
+        if not metrics_file.exists():
+            continue
+        meta = json.loads(meta_file.read_text())
+        config = meta.get("config", {})
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+        cell = _cell_info(run_dir, root)
+        labels = run_labels(config, cell.get("labels", {}),
+                            cell.get("parameters", {}).get("algorithms"))
+        acc = run_metrics([100 * r["accuracy"] for r in records if "accuracy" in r])
+        personal = run_metrics([100 * r["personal_accuracy"] for r in records
+                                if "personal_accuracy" in r])
+        seconds = [r["seconds"] for r in records if "seconds" in r]
+        rows.append({"paper_table": cell.get("paper_table"), **labels,
+                     "algorithm": config.get("algorithm"), "seed": config.get("seed"),
+                     "status": meta.get("status"), "rounds": len(records),
+                     "planned_rounds": config.get("rounds"),
+                     **{f"acc_{k}": v for k, v in acc.items()},
+                     "personal_last_mean": personal["last_mean"],
+                     "seconds_per_round": float(np.mean(seconds)) if seconds else float("nan"),
+                     "run_dir": str(run_dir),
+                     # (where the data came from: a lossy copy is marked, paper_setting)
+                     "config": {**config, "data_source":
+                                meta.get("environment", {}).get("data_source", "")}})
+    columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
+               "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
+               "personal_last_mean", "seconds_per_round", "run_dir", "config"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def aggregate(runs: pd.DataFrame, by: Sequence[str] = ("paper_table", *KEY)) -> pd.DataFrame:
+    """Per table cell: means over seeds of each run's last-10 mean and std, final and best."""
+    by = list(by)
+    runs = runs.copy()
+    runs["paper_table"] = runs["paper_table"].fillna("")
+    runs["completed"] = runs["status"] == "completed"
+    grouped = runs.groupby(by, sort=False, dropna=False)
+    columns = dict(accuracy_mean=("acc_last_mean", "mean"),
+                   accuracy_std=("acc_last_std", "mean"),
+                   seed_std=("acc_last_mean", sample_std),
+                   final_mean=("acc_final", "mean"), best_mean=("acc_best", "mean"),
+                   personal_mean=("personal_last_mean", "mean"),
+                   seeds=("seed", "nunique"), completed=("completed", "sum"),
+                   runs=("seed", "size"), seconds_per_round=("seconds_per_round", "mean"))
+    if "config" in runs:  # kept to check each cell against the paper's setting
+        columns["configs"] = ("config", list)
+    return grouped.agg(**columns).reset_index()
+
+
+def compare(paper: pd.DataFrame, ours: pd.DataFrame | None, table: str | None = None
+            ) -> pd.DataFrame:
+    """Paper rows with our aggregated numbers beside them; cells without runs are 'not run'."""
+    out = paper[KEY + ["accuracy_mean", "accuracy_std"]].rename(
+        columns={"accuracy_mean": "paper", "accuracy_std": "paper_std"})
+    kept = KEY + ["ours", "ours_std", "seeds", "runs", "completed", "setting"]
+    empty = pd.DataFrame(columns=kept)
+    if ours is not None and len(ours):
+        tag = ours["paper_table"].fillna("") if "paper_table" in ours else pd.Series("", ours.index)
+        # Runs of this table's sweep first, then runs made outside any sweep (table None: all).
+        keep = (tag == table) | (tag == "") if table is not None else tag == tag
+        mine = ours[keep].assign(_own=tag[keep] != (table or ""))
+        mine = mine.sort_values("_own", kind="stable").groupby(KEY, sort=False).first()
+        mine = mine.reset_index().rename(columns={"accuracy_mean": "ours",
+                                                  "accuracy_std": "ours_std"})
+        from flnotes.repro.paper_setting import paper_settings, setting_differences
+
+        settings = paper_settings(table) if table is not None else {}
+        mine["setting"] = [
+            setting_differences(configs, settings.get(tuple(row[k] for k in KEY)))
+            if isinstance(configs, list) else []
+            for configs, (_, row) in zip(mine.get("configs", [None] * len(mine)),
+                                         mine.iterrows(), strict=True)]
+        empty = mine[kept]
+    merged = out.merge(empty, on=KEY, how="left")
+    merged["setting"] = [v if isinstance(v, list) else [] for v in merged["setting"]]
+    merged["difference"] = merged["ours"] - merged["paper"]
+    merged["status"] = np.where(merged["ours"].isna(), "not run",
+                                np.where(merged["completed"] < merged["runs"], "partial",
+                                         "done"))
+    return merged
+
+
+PARTIAL_MARK = "~"  # not every run of the cell completed
+SETTING_MARK = "*"  # some run of the cell differs from the paper's setting
+
+
+def side_by_side(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Wide view: one row per setting, per method 'paper / ours (difference)' or 'not run'.
+
+    Our number carries PARTIAL_MARK when some run of the cell has not completed and
+    SETTING_MARK when some run differs from the paper's setting (see :func:`legend`).
+    """
+    def cell(row) -> str:
+        paper = "-" if pd.isna(row["paper"]) else f"{row['paper']:.2f}"
+        if row["status"] == "not run":
+            return f"{paper} / not run"
+        mark = ("" if row["status"] == "done" else PARTIAL_MARK) + (
+            SETTING_MARK if row.get("setting") else "")
+        return f"{paper} / {row['ours']:.2f}{mark} ({row['difference']:+.2f})"
+
+    frame = comparison.assign(cell=comparison.apply(cell, axis=1))
+    wide = frame.pivot_table(index=KEY[:3], columns="method", values="cell", aggfunc="first",
+                             sort=False)
+    return wide[list(dict.fromkeys(comparison["method"]))]
+
+
+def legend(comparison: pd.DataFrame) -> list[str]:
+    """Lines under a printed table: which number is whose, and what the marks mean."""
+    lines = [f"cells: paper / ours (ours - paper), test accuracy in %; ours = mean over seeds "
+             f"of each run's mean over its last {LAST_EVALUATIONS} evaluations"]
+    if (comparison["status"] == "partial").any():
+        lines.append(f"{PARTIAL_MARK} not every run of the cell completed (running, "
+                     "interrupted or diverged)")
+    notes = [n for cell in comparison.get("setting", []) if isinstance(cell, list) for n in cell]
+    if notes:
+        marked = int(sum(bool(c) for c in comparison["setting"] if isinstance(c, list)))
+        cells = f"{marked} cell{'s' if marked != 1 else ''}"
+        lines.append(f"{SETTING_MARK} not the paper's setting ({cells}): "
+                     + "; ".join(dict.fromkeys(notes)))
+    return lines
+
+
+def plot_comparison(comparison: pd.DataFrame, title: str | None = None):
+    """Our accuracy against the paper's, one point per run cell, with the y = x line."""
+    import matplotlib.pyplot as plt
+
+    done = comparison.dropna(subset=["ours", "paper"])
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    for method, part in done.groupby("method", sort=False):
+        ax.errorbar(part["paper"], part["ours"], yerr=part["ours_std"], fmt="o", ms=4,
+                    label=method, capsize=2)
+    values = pd.concat([done["paper"], done["ours"]]) if len(done) else pd.Series([0, 100])
+    lo, hi = float(values.min()) - 2, float(values.max()) + 2
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+    ax.set_xlabel("paper accuracy (%)")
+    ax.set_ylabel("our accuracy (%), last-10 mean")
+    ax.set_title(title or f"{len(done)} of {len(comparison)} cells run")
+    if len(done):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the ``tables`` subcommand."""
+    parser.add_argument("results", nargs="?", help="folder of run folders (a sweep's output)")
+    parser.add_argument("--table", action="append", help="paper table(s); default: all")
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """Print each paper table with our numbers beside it, and a legend under it."""
+    ours = None
+    if args.results:
+        runs = collect_runs(args.results)
+        if not len(runs):
+            print(f"warning: no run folders (run.json + metrics.jsonl) under {args.results}: "
+                  "every cell is 'not run'", file=sys.stderr)
+        ours = aggregate(runs)
+    names = args.table or paper_table_names()
+    papers = {name: load_paper_table(name) for name in names}  # a wrong name fails first
+    with pd.option_context("display.width", 200, "display.max_columns", 20,
+                           "display.max_rows", 500):
+        for name, paper in papers.items():
+            result = compare(paper, ours, table=name)
+            done = int((result["status"] != "not run").sum())
+            print(f"== {name}: {done} of {len(result)} cells run")
+            print(side_by_side(result).to_string())
+            print("\n".join(legend(result)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flnotes.tables [RESULTS] [--table NAME]``."""
+    parser = argparse.ArgumentParser(prog="python -m flnotes.tables", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    try:
+        return cmd_tables(parser.parse_args(argv))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Experiments on the 2-D toy: one run, a race of every method over many seeds, the
+mutants of one round, and the trajectory points that the pictures draw.
+
+Every run here goes through the same :func:`flnotes.engine.sim.run` as a full-scale run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from flnotes.rng import torch_generator
+from flnotes.toy.task import point_of, state_of
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def trajectory_points(history) -> dict[str, torch.Tensor]:
+    """Points of a recorded run: global (R+1, 2) from the start, dispatched/local (R, K, 2)."""
+    traj = history.trajectory
+    if not traj:
+        raise ValueError("the run has no trajectory: run it with record_states=True")
+    dispatched = torch.tensor([[point_of(s) for s in t["dispatched"]] for t in traj])
+    glob = torch.tensor([point_of(t["global"]) for t in traj])
+    # Every strategy dispatches the initial model to all clients in round 1.
+    return {"global": torch.cat([dispatched[0, :1], glob]), "dispatched": dispatched,
+            "local": torch.tensor([[point_of(s) for s in t["local"]] for t in traj])}
+
+
+def mutation_points(center: Sequence[float], update: Sequence[float], *, kind: str = "sign",
+                    alpha: float = 4.0, beta: float = 0.0, num_models: int = 8,
+                    qp_prob: float = 0.0, layerwise: bool = True, seed: int = 0) -> torch.Tensor:
+    """Mutants (K, 2) of the point ``center`` by the strategies' own mutation functions.
+
+    ``kind`` is "sign" (FedMut) or "gaussian"; ``qp_prob`` > 0 adds FedQP's projection.
+    ``layerwise=True`` is what the strategies do (x and y mutate separately: the corners of
+    a rectangle); ``layerwise=False`` treats (x, y) as one vector: a circle of radius
+    alpha * |g|, and with projection the outline of a fan (half circle and diameter).
+    """
+    from flnotes.algorithms.mutation import gaussian_mutations, project_mutants, sign_mutations
+
+    glob, g = state_of(center), state_of(update)
+    generator = torch_generator(seed, "toy-mutation")
+    if kind == "gaussian":
+        mutants = gaussian_mutations(glob, g, num_models, alpha, generator, layerwise=layerwise)
+    elif kind == "sign":
+        mutants = sign_mutations(glob, g, num_models, alpha, beta, generator,
+                                 layerwise=layerwise)
+    else:
+        raise ValueError(f"mutation kind must be 'sign' or 'gaussian', got {kind!r}")
+    if qp_prob > 0:
+        mutants = project_mutants(glob, mutants, g, qp_prob, generator, layerwise=layerwise)
+    return torch.tensor([point_of(m) for m in mutants])
+
+
+def mutation_round(fn, center: Sequence[float], update: Sequence[float], *, steps: int = 20,
+                   lr: float = 0.05, **mutation) -> dict[str, torch.Tensor]:
+    """One FedMut-style round on a single landscape ``fn`` (FedMut Fig. 2): mutate, descend, mean.
+
+    Mutants come from :func:`mutation_points` (keyword options passed on); "local training"
+    is ``steps`` of plain gradient descent on ``fn``. Returns trajectory points: global (2, 2)
+    = [center, mean of local models], dispatched (1, K, 2), local (1, K, 2).
+    """
+    from flnotes.toy.landscapes import descend
+
+    mutants = mutation_points(center, update, **mutation).double()
+    local = descend(fn, mutants, steps=steps, lr=lr)
+    glob = torch.stack([torch.tensor(center, dtype=torch.float64), local.mean(0)])
+    return {"global": glob, "dispatched": mutants[None], "local": local[None]}
+
+
+# ---- teaching runs and the race -------------------------------------------------------------
+# The notebooks' toy federation: small enough that a run takes a fraction of a second.
+TEACHING = {"dataset": "toy", "num_clients": 2, "clients_per_round": 2, "rounds": 20,
+            "local_epochs": 1, "batch_size": 4, "lr": 0.1, "momentum": 0.5, "device": "cpu",
+            "backend": "loop", "data_options": {"samples_per_client": 8, "noise": 0.5}}
+
+
+def toy_config(algorithm: str = "fedavg", **overrides):
+    """A RunConfig for the toy with the notebooks' defaults; ``data_options`` are merged."""
+    from flnotes.config import RunConfig
+
+    values = {**TEACHING, "algorithm": algorithm}
+    options = {**TEACHING["data_options"], **overrides.pop("data_options", {})}
+    values.update(overrides, data_options=options)
+    return RunConfig(**values)
+
+
+def run_toy(algorithm: str = "fedavg", **overrides):
+    """Run the toy with states recorded; returns (History, trajectory points)."""
+    from flnotes.engine.sim import run
+
+    history = run(toy_config(algorithm, record_states=True, **overrides), progress=False)
+    return history, trajectory_points(history)
+
+
+def final_table(histories: Mapping[str, object]) -> pd.DataFrame:
+    """Final evaluation of several toy runs ({label: History}) as a pandas DataFrame."""
+    import pandas as pd
+
+    rows = {label: {k: h.rows[-1].get(k, float("nan")) for k in FINAL_KEYS}
+            for label, h in histories.items()}
+    frame = pd.DataFrame(rows).T.rename(columns={"accuracy": "flat"})
+    return frame[["x", "y", "loss", "worst_client_loss", "sharpness", "flat", "sharp_basin"]]
+
+
+FINAL_KEYS = ("accuracy", "sharp_basin", "loss", "sharpness", "worst_client_loss", "x", "y")
+
+
+def final_metrics(config_values: dict) -> dict:
+    """Run one toy config (a dict of RunConfig fields) and return its final evaluation."""
+    from flnotes.config import RunConfig
+    from flnotes.engine.sim import run
+
+    config = RunConfig(**config_values).replace(eval_every=config_values["rounds"])
+    history = run(config, progress=False)
+    last = history.rows[-1] if history.rows else {}
+    row = {"algorithm": config.algorithm, "seed": config.seed, "status": history.status}
+    row.update({k: last.get(k, float("nan")) for k in FINAL_KEYS})
+    if history.status == "diverged":  # no final evaluation: count the run as "elsewhere"
+        row.update(accuracy=0.0, sharp_basin=0.0)
+    return row
+
+
+def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 100,
+         processes: int = 1, **overrides) -> list[dict]:
+    """Every algorithm on the same toy federation for every seed: one final row per run.
+
+    ``processes`` > 1 spreads the runs over worker processes (each run depends only on its
+    config, so the rows are the same whatever the number of processes).
+    """
+    from flnotes.algorithms import algorithm_names
+
+    algorithms = list(algorithms) if algorithms is not None else algorithm_names()
+    seeds = range(seeds) if isinstance(seeds, int) else seeds
+    jobs = [toy_config(a, seed=int(s), **overrides).to_dict() for a in algorithms for s in seeds]
+    if processes <= 1:
+        return [final_metrics(job) for job in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork (where there is one) skips re-importing torch in every worker, which costs more
+    # than a small race; each worker then runs single-threaded (tiny tensors gain nothing
+    # from threads), as DataLoader workers do.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=torch.set_num_threads,
+                             initargs=(1,)) as pool:
+        return list(pool.map(final_metrics, jobs, chunksize=max(1, len(jobs) // (4 * processes))))
+
+
+def race_table(rows: Sequence[dict]) -> pd.DataFrame:
+    """Per algorithm: runs, share ending flat / sharp / elsewhere, median loss and sharpness."""
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows))
+    frame["elsewhere"] = 1.0 - frame["accuracy"] - frame["sharp_basin"]
+    table = frame.groupby("algorithm").agg(
+        runs=("seed", "size"), flat=("accuracy", "mean"), sharp=("sharp_basin", "mean"),
+        elsewhere=("elsewhere", "mean"), median_loss=("loss", "median"),
+        median_sharpness=("sharpness", "median"),
+        diverged=("status", lambda s: float((s == "diverged").mean())))
+    return table.sort_values(["flat", "median_loss"], ascending=[False, True])

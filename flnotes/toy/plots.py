@@ -1,0 +1,327 @@
+"""The 2-D toy's pictures: landscapes, client overlaps, trajectories, mutation regions and the
+race of methods. Functions named ``draw_*`` draw on a given axes; ``plot_*`` return a new
+Figure (no display, no saved files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+# ---- 2-D toy landscapes ---------------------------------------------------------------------
+LIMITS = ((-2.5, 2.5), (-2.2, 2.6))  # the (xlim, ylim) that frame fedmut-fig1's two basins
+# FedMut Fig. 2's markers: global model, mutated (dispatched) models, local models.
+GLOBAL_STYLE = {"color": "red", "marker": "o", "ms": 5, "lw": 1.5}
+DISPATCHED_STYLE = {"marker": "s", "s": 28, "facecolors": "none", "edgecolors": "red", "lw": 1.2}
+LOCAL_STYLE = {"marker": "*", "s": 60, "color": "tab:blue", "lw": 0}
+
+
+def _axes(ax, figsize=(5.0, 4.4)):
+    """(figure, axes): the given axes' figure, or a new single-axes figure."""
+    if ax is not None:
+        return ax.figure, ax
+    fig, ax = plt.subplots(figsize=figsize)
+    return fig, ax
+
+
+def symlog_levels(z, num: int, linthresh: float):
+    """(levels, norm): ``num`` contour levels evenly spaced on a symmetric-log colour scale.
+
+    A log scale lets values that differ by orders of magnitude (a flat basin's curvature
+    next to a sharp one's) each get their own colours; "symmetric" keeps the few zero or
+    negative values (a curvature can be) instead of failing on them.
+    """
+    import numpy as np
+    from matplotlib.colors import SymLogNorm
+
+    norm = SymLogNorm(linthresh, vmin=float(z.min()), vmax=float(z.max()))
+    return norm.inverse(np.linspace(0.0, 1.0, num)), norm
+
+
+def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, levels: int = 25,
+                   filled: bool = True, cmap: str = "viridis", colorbar: bool = False,
+                   label: str = "loss", log: bool = False, linthresh: float = 0.1):
+    """Contours of a loss ``fn`` (points (..., 2) -> values) on an existing axes.
+
+    ``label`` names the colour bar (the function need not be a loss); ``log`` spaces the
+    colours on a symmetric-log scale, linear within +-``linthresh``.
+    """
+    from flnotes.toy.landscapes import grid
+
+    gx, gy, z = grid(fn, xlim, ylim, num)
+    norm = None
+    if log:
+        levels, norm = symlog_levels(z.numpy(), levels, linthresh)
+    if filled:
+        cs = ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap, norm=norm)
+        ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, colors="k",
+                   linewidths=0.3, alpha=0.4)
+        if colorbar:
+            bar = ax.figure.colorbar(cs, ax=ax, shrink=0.85, label=label)
+            if log:  # ticks at 0, +-0.1, +-1, +-10 rather than at the uneven levels
+                from matplotlib.ticker import FormatStrFormatter, SymmetricalLogLocator
+
+                bar.set_ticks(SymmetricalLogLocator(linthresh=linthresh, base=10))
+                bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    else:
+        ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap, linewidths=0.8)
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    return ax
+
+
+def plot_landscape(fn, xlim=LIMITS[0], ylim=LIMITS[1], title: str | None = None, ax=None,
+                   **kwargs) -> Figure:
+    """A filled contour plot of a 2-D loss, with a colour bar."""
+    fig, ax = _axes(ax)
+    draw_landscape(ax, fn, xlim, ylim, colorbar=True, **kwargs)
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def plot_surface(fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 81,
+                 title: str | None = None) -> Figure:
+    """A 3-D surface of a 2-D loss."""
+    from flnotes.toy.landscapes import grid
+
+    gx, gy, z = grid(fn, xlim, ylim, num)
+    fig = plt.figure(figsize=(6, 4.5))
+    ax = fig.add_subplot(projection="3d")
+    ax.plot_surface(gx.numpy(), gy.numpy(), z.numpy(), cmap="viridis", linewidth=0,
+                    antialiased=True)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.set_zlabel("loss", labelpad=12)  # the default pad puts it on the z tick labels
+    ax.view_init(elev=35, azim=-60)
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
+                title: str | None = None, ax=None) -> Figure:
+    """1-D slices of several losses along the segment start -> end, against the x coordinate.
+
+    The horizontal axis is x when the segment is not vertical, else y.
+    """
+    from flnotes.toy.landscapes import line_slice
+
+    fig, ax = _axes(ax, figsize=(6.4, 3.6))
+    axis = 0 if float(end[0]) != float(start[0]) else 1
+    for label, fn in fns.items():
+        t, losses = line_slice(fn, start, end, extend=extend)
+        coord = float(start[axis]) + t * (float(end[axis]) - float(start[axis]))
+        ax.plot(coord.numpy(), losses.numpy(), label=label)
+    ax.set_xlabel("xy"[axis] + f"  (slice from {tuple(start)} to {tuple(end)})")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> None:
+    """Outline the flat basin (white dashed disc) and the sharp basins (orange discs)."""
+    from matplotlib.patches import Circle
+
+    if flat:
+        c = federation.flat_center.tolist()
+        ax.add_patch(Circle(c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2))
+    if sharp:
+        for c in federation.sharp_centers.tolist():
+            ax.add_patch(Circle(c, federation.sharp_radius, fill=False, ls="--",
+                                color="orange", lw=1.0))
+
+
+def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: float = -0.5,
+                           max_clients: int = 3) -> Figure:
+    """FedMut Fig. 1: each client's landscape, then where their low-loss regions overlap.
+
+    The last panel fills, per client, the region where its loss is below ``level``: the
+    flat regions overlap, the sharp ones do not.
+    """
+    from flnotes.toy.landscapes import grid
+
+    shown = federation.clients[:max_clients]
+    fig, axes = plt.subplots(1, len(shown) + 2, figsize=(3.3 * (len(shown) + 2), 3.4))
+    for k, (ax, client) in enumerate(zip(axes, shown, strict=False)):
+        draw_landscape(ax, client, xlim, ylim)
+        ax.set_title(f"client {k}")
+    draw_landscape(axes[-2], federation.global_loss, xlim, ylim)
+    mark_basins(axes[-2], federation)
+    axes[-2].set_title("global = mean of clients")
+    colors = plt.get_cmap("tab10").colors
+    ax = axes[-1]
+    for k in range(federation.num_clients):
+        gx, gy, z = grid(lambda p, k=k: federation.client_losses(p)[..., k], xlim, ylim, 121)
+        ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=[z.min().item() - 1, level],
+                    colors=[colors[k % 10]], alpha=0.35)
+        ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=[level], colors=[colors[k % 10]])
+        ax.plot([], [], color=colors[k % 10], lw=6, alpha=0.5, label=f"client {k}")
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.set_title(f"overlap: loss < {level}")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def draw_trajectory(ax, points: Mapping[str, object], rounds: int | None = None,
+                    clients: bool = True, label: str = "global model") -> None:
+    """Global path (red), dispatched models (red squares) and local models (blue stars).
+
+    ``points`` is :func:`flnotes.toy.trajectory_points` output; ``rounds`` keeps the first ones.
+    """
+    glob = points["global"][: None if rounds is None else rounds + 1].numpy()
+    ax.plot(glob[:, 0], glob[:, 1], label=label, zorder=4, **GLOBAL_STYLE)
+    ax.plot(*glob[0], "o", color="red", ms=9, mec="white", zorder=5, label="start")
+    ax.plot(*glob[-1], "o", color="tab:blue", ms=9, mec="white", zorder=5, label="final global")
+    if clients:
+        disp = points["dispatched"][:rounds].reshape(-1, 2).numpy()
+        local = points["local"][:rounds].reshape(-1, 2).numpy()
+        for a, b in zip(disp, local, strict=True):
+            ax.plot([a[0], b[0]], [a[1], b[1]], color="white", lw=0.6, alpha=0.7, zorder=2)
+        ax.scatter(disp[:, 0], disp[:, 1], zorder=3, label="dispatched", **DISPATCHED_STYLE)
+        ax.scatter(local[:, 0], local[:, 1], zorder=3, label="local", **LOCAL_STYLE)
+
+
+def plot_trajectories(fn, runs: Mapping[str, Mapping], federation=None, xlim=LIMITS[0],
+                      ylim=LIMITS[1], rounds: int | None = None, clients: bool = True,
+                      legend: bool = True) -> Figure:
+    """One panel per run: its trajectory drawn over the loss ``fn`` (e.g. the global loss)."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 4.2), squeeze=False)
+    for ax, (label, points) in zip(axes[0], runs.items(), strict=True):
+        draw_landscape(ax, fn, xlim, ylim)
+        if federation is not None:
+            mark_basins(ax, federation)
+        draw_trajectory(ax, points, rounds=rounds, clients=clients)
+        ax.set_title(label)
+    if legend:
+        axes[0][0].legend(fontsize=7, loc="lower left", framealpha=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_mutants(fn, center, update, panels: Mapping[str, object],
+                 clouds: Mapping[str, object] | None = None, half_width: float = 1.0,
+                 arrow_scale: float = 1.0) -> Figure:
+    """Mutation regions: per panel the global model, its update g and the mutants around it.
+
+    ``panels`` maps a title to the mutants (K, 2) a strategy sends; ``clouds`` (optional)
+    maps the same titles to many more draws of the same mutation, which fill in its region.
+    """
+    cx, cy = float(center[0]), float(center[1])
+    xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.7), squeeze=False)
+    for ax, (title, mutants) in zip(axes[0], panels.items(), strict=True):
+        draw_landscape(ax, fn, xlim, ylim, num=81)
+        if clouds and title in clouds:
+            cloud = clouds[title].numpy()
+            ax.scatter(cloud[:, 0], cloud[:, 1], s=4, color="white", alpha=0.35, lw=0)
+        m = mutants.numpy()
+        ax.scatter(m[:, 0], m[:, 1], zorder=3, label="mutants", **DISPATCHED_STYLE)
+        tip = (cx + arrow_scale * float(update[0]), cy + arrow_scale * float(update[1]))
+        ax.annotate("", xy=tip, xytext=(cx, cy),
+                    arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.5})
+        ax.plot(cx, cy, "o", color="red", ms=8, mec="white", zorder=4, label="global model")
+        ax.set_title(title, fontsize=10)
+    axes[0][0].legend(fontsize=7, loc="lower left", framealpha=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
+    """Points outside the frame as triangles on its edge, pointing the way they went.
+
+    A run that drifts far out (FedQP's runaway) would otherwise just vanish from a plot
+    framed on the basins. Returns how many points were off the frame and their median
+    distance from the origin (NaN when none).
+    """
+    import numpy as np
+
+    pts = np.asarray(points, dtype=float).reshape(-1, 2)
+    off = ((pts[:, 0] < xlim[0]) | (pts[:, 0] > xlim[1])
+           | (pts[:, 1] < ylim[0]) | (pts[:, 1] > ylim[1]))
+    if not off.any():
+        return 0, float("nan")
+    # Inset a little, so a triangle on the edge is drawn whole.
+    pad_x, pad_y = 0.04 * (xlim[1] - xlim[0]), 0.04 * (ylim[1] - ylim[0])
+    centre = np.array([sum(xlim) / 2, sum(ylim) / 2])
+    for point, color in zip(pts[off], np.asarray(colors, dtype=object)[off], strict=True):
+        edge = (np.clip(point[0], xlim[0] + pad_x, xlim[1] - pad_x),
+                np.clip(point[1], ylim[0] + pad_y, ylim[1] - pad_y))
+        angle = np.degrees(np.arctan2(*(point - centre)[::-1]))
+        # Marker (3, 0, a): a triangle pointing up, turned by a degrees.
+        ax.scatter(*edge, s=40, marker=(3, 0, angle - 90), c=color, lw=0.5, edgecolors="k",
+                   zorder=4)
+    return int(off.sum()), float(np.median(np.linalg.norm(pts[off], axis=1)))
+
+
+def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
+                   ylim=LIMITS[1], columns: int = 4) -> Figure:
+    """Where each method's final global models ended (one dot per seed), one panel per method.
+
+    White: in the flat basin; red: not. Models beyond the frame are triangles on its edge.
+    """
+    algorithms = sorted({r["algorithm"] for r in rows})
+    n_rows = -(-len(algorithms) // columns)
+    fig, axes = plt.subplots(n_rows, columns, figsize=(3.2 * columns, 3.2 * n_rows),
+                             squeeze=False)
+    for ax in axes.flat[len(algorithms):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, algorithms, strict=False):
+        draw_landscape(ax, fn, xlim, ylim, num=81)
+        if federation is not None:
+            mark_basins(ax, federation)
+        pts = [(r["x"], r["y"]) for r in rows if r["algorithm"] == name]
+        flat = [r["accuracy"] for r in rows if r["algorithm"] == name]
+        colors = ["white" if f else "red" for f in flat]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, c=colors, lw=0.3,
+                   edgecolors="k", zorder=3)
+        off, distance = draw_off_frame(ax, pts, colors, xlim, ylim)
+        ax.set_xlim(*xlim)  # the scatter must not widen the frame it is drawn in
+        ax.set_ylim(*ylim)
+        title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
+        if off:
+            title += f"\n{off} off the map (median |w| {distance:.1f})"
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_race(rows: Sequence[Mapping]) -> Figure:
+    """The race: share of runs ending flat (with a 95% interval), final loss and sharpness."""
+    import pandas as pd
+    import seaborn as sns
+
+    frame = pd.DataFrame(list(rows))
+    order = (frame.groupby("algorithm")["accuracy"].mean().sort_values(ascending=False).index
+             .tolist())
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    share = frame.groupby("algorithm")["accuracy"].agg(["mean", "count"]).loc[order]
+    # Normal-approximation 95% interval of a proportion.
+    err = 1.96 * (share["mean"] * (1 - share["mean"]) / share["count"]).pow(0.5)
+    axes[0].bar(order, share["mean"], yerr=err, color="tab:green", alpha=0.8, capsize=3)
+    axes[0].set_ylim(0, 1)
+    axes[0].set_ylabel("share of runs ending in the flat basin")
+    sns.stripplot(data=frame, x="algorithm", y="loss", order=order, ax=axes[1], size=3,
+                  alpha=0.6, jitter=0.25)
+    axes[1].set_yscale("symlog", linthresh=1.0)  # runs that drift far out have huge losses
+    axes[1].set_ylabel("final global loss (symlog)")
+    sns.stripplot(data=frame, x="algorithm", y="sharpness", order=order, ax=axes[2], size=3,
+                  alpha=0.6, jitter=0.25)
+    axes[2].set_ylabel("sharpness (top Hessian eigenvalue)")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=45)
+        ax.set_xlabel("")
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig

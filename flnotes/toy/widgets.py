@@ -1,0 +1,234 @@
+"""ipywidgets explorers: sliders that redraw the toy pictures of :mod:`flnotes.plots`.
+
+An :class:`Explorer` pairs a pure ``draw(**values) -> Figure`` function with one control
+per argument. Displayed in a notebook it first shows the default figure as an ordinary
+image output (so a headless papermill/nbval run keeps a picture) and then the controls;
+moving a control redraws that same output in place. ``explorer.figure(**values)`` and
+``explorer.refresh()`` call the drawing without any browser, which is what the tests do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from flnotes.toy import plots
+from flnotes.toy.landscapes import make_federation
+
+
+class Explorer:
+    """A drawing function and its controls; displays a static figure plus live sliders."""
+
+    def __init__(self, draw: Callable[..., Figure], controls: Mapping[str, W.ValueWidget],
+                 title: str = "") -> None:
+        self.draw = draw
+        self.controls = dict(controls)
+        self.box = W.VBox([W.HTML(f"<b>{title}</b>")] if title else [])
+        self.box.children += tuple(self.controls.values())
+        self._handle = None
+        for control in self.controls.values():
+            control.observe(self.refresh, names="value")
+
+    def values(self) -> dict:
+        """The controls' current values, by argument name."""
+        return {name: c.value for name, c in self.controls.items()}
+
+    def figure(self, **overrides) -> Figure:
+        """The figure for the current values, with some of them overridden."""
+        return self.draw(**{**self.values(), **overrides})
+
+    def set(self, **values) -> None:
+        """Move controls programmatically (each move redraws, as a slider drag would)."""
+        for name, value in values.items():
+            self.controls[name].value = value
+
+    def refresh(self, change=None) -> Figure:
+        """Redraw for the current values; update the displayed image if there is one."""
+        fig = self.figure()
+        if self._handle is not None:
+            self._handle.update(fig)
+            plt.close(fig)
+        return fig
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        fig = self.figure()
+        self._handle = display(fig, display_id=True)  # a plain image: survives headless runs
+        plt.close(fig)
+        display(self.box)
+
+
+def _slider(value: float, lo: float, hi: float, step: float, description: str) -> W.FloatSlider:
+    return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=description,
+                         continuous_update=False, style={"description_width": "initial"})
+
+
+# ---- the explorers ---------------------------------------------------------------------------
+def draw_mutations(alpha: float = 4.0, beta: float = 0.0, qp_prob: float = 0.5,
+                   kind: str = "gaussian", layerwise: bool = False, num_models: int = 8,
+                   seed: int = 0, center=(0.0, 1.1), update=(0.12, 0.08)) -> Figure:
+    """FedMut's mutants next to FedQP's (projection with probability p) around one model."""
+    from flnotes.toy import mutation_points
+
+    fed = make_federation("fedmut-fig1")
+    common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
+    panels, clouds = {}, {}
+    for title, p in ((f"FedMut ({kind})", 0.0), (f"FedQP ({kind}, p={qp_prob:.2f})", qp_prob)):
+        panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
+                                        **common)
+        clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
+    half = max(1.0, 1.3 * alpha * float(sum(u * u for u in update) ** 0.5))
+    return plots.plot_mutants(fed.global_loss, center, update, panels, clouds,
+                              half_width=half, arrow_scale=alpha)
+
+
+def mutation_explorer(**defaults) -> Explorer:
+    """Sliders for alpha, beta, p, the mutation kind and per-layer vs whole-vector mutation."""
+    d = {"alpha": 4.0, "beta": 0.0, "qp_prob": 0.5, "kind": "gaussian", "layerwise": False,
+         "num_models": 8, **defaults}
+    controls = {
+        "alpha": _slider(d["alpha"], 0.0, 8.0, 0.5, "alpha (range)"),
+        "beta": _slider(d["beta"], 0.0, 1.0, 0.05, "beta (sign preference)"),
+        "qp_prob": _slider(d["qp_prob"], 0.0, 1.0, 0.05, "p (projection prob.)"),
+        "kind": W.Dropdown(options=["gaussian", "sign"], value=d["kind"], description="kind"),
+        "layerwise": W.Checkbox(value=d["layerwise"], description="per layer (x, y apart)"),
+        "num_models": W.IntSlider(value=d["num_models"], min=2, max=16, step=2,
+                                  description="K mutants", continuous_update=False),
+    }
+    return Explorer(draw_mutations, controls, "Mutation regions: circle vs fan")
+
+
+def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
+                 level: float = -0.5) -> Figure:
+    """FedMut Fig. 1 for the chosen client shift: each client, the mean, their overlap."""
+    fed = make_federation("fedmut-fig1", num_clients=num_clients, shift=shift,
+                          depth_spread=depth_spread)
+    return plots.plot_client_landscapes(fed, level=level)
+
+
+def client_explorer(**defaults) -> Explorer:
+    """Sliders for how far the clients' wells move apart and how unequal their depths are."""
+    d = {"shift": 1.0, "depth_spread": 0.2, "num_clients": 2, "level": -0.5, **defaults}
+    controls = {
+        "shift": _slider(d["shift"], 0.0, 2.0, 0.1, "client shift"),
+        "depth_spread": _slider(d["depth_spread"], 0.0, 0.6, 0.05, "depth spread"),
+        "num_clients": W.IntSlider(value=d["num_clients"], min=1, max=4, description="clients",
+                                   continuous_update=False),
+        "level": _slider(d["level"], -1.5, 0.0, 0.1, "overlap level"),
+    }
+    return Explorer(draw_clients, controls, "Client landscapes and their overlap")
+
+
+def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
+                  alpha: float = 4.0, beta0: float = 0.3, shift: float = 1.0,
+                  start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> Figure:
+    """FedAvg next to another method on the two-client toy, from the same start and seed."""
+    from flnotes.toy import run_toy
+
+    fed = make_federation("fedmut-fig1", shift=shift)
+    options = {"start": [start_x, start_y], "shift": shift}
+    runs = {}
+    for name in dict.fromkeys(["fedavg", algorithm]):
+        extra = {"alpha": alpha} if name in ("fedmut", "fedqp") else {}
+        history, points = run_toy(name, lr=lr, rounds=rounds, beta0=beta0, seed=seed,
+                                  data_options=options, **extra)
+        final = history.rows[-1]
+        where = "flat" if final.get("accuracy") else "not flat"
+        runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
+    return plots.plot_trajectories(fed.global_loss, runs, federation=fed)
+
+
+def training_explorer(**defaults) -> Explorer:
+    """Sliders for the learning rate, rounds, alpha, beta0, the client shift and the start."""
+    from flnotes.algorithms import algorithm_names
+
+    d = {"algorithm": "fedmut", "lr": 0.1, "rounds": 20, "alpha": 4.0, "beta0": 0.3,
+         "shift": 1.0, "start_x": -0.6, "start_y": -0.7, **defaults}
+    controls = {
+        "algorithm": W.Dropdown(options=algorithm_names(), value=d["algorithm"],
+                                description="method"),
+        "lr": _slider(d["lr"], 0.01, 0.2, 0.01, "learning rate"),
+        "rounds": W.IntSlider(value=d["rounds"], min=1, max=60, description="rounds",
+                              continuous_update=False),
+        "alpha": _slider(d["alpha"], 0.0, 8.0, 0.5, "alpha"),
+        "beta0": _slider(d["beta0"], 0.0, 1.0, 0.05, "beta0"),
+        "shift": _slider(d["shift"], 0.0, 2.0, 0.1, "client shift"),
+        "start_x": _slider(d["start_x"], -2.0, 2.0, 0.1, "start x"),
+        "start_y": _slider(d["start_y"], -2.0, 2.0, 0.1, "start y"),
+    }
+    return Explorer(draw_training, controls, "Train the toy federation")
+
+
+def draw_shift(test_shift: float = 0.3, sharp_width: float = 0.2) -> Figure:
+    """Train loss vs a test loss moved by ``test_shift``: the sharp minimum pays much more."""
+    from flnotes.toy.landscapes import flat_and_sharp, flat_and_sharp_minima
+
+    train = flat_and_sharp(sharp_width=sharp_width)
+    test = train.shifted((test_shift, 0.0))
+    minima = flat_and_sharp_minima(train)
+    test_losses = test(minima)
+    winner = ("flat", "sharp")[int(test_losses.argmin())]
+    fig = plots.plot_slices({"train loss": train, "test loss (shifted)": test},
+                            (-3.0, 0.0), (3.0, 0.0),
+                            title=f"test = train moved by {test_shift:+.2f}: "
+                                  f"the {winner} minimum has the lower test loss")
+    ax = fig.axes[0]
+    for point, name, loss in zip(minima, ("flat", "sharp"), test_losses, strict=True):
+        # The same quantity as notebook 01's table: test - train at the training minimum.
+        gap = float(loss - train(point))
+        x = float(point[0])
+        ax.plot(x, float(loss), "v", color="tab:red")
+        ax.annotate(f"{name}: test {float(loss):.3f}\n(gap {gap:+.3f})", (x, float(loss)),
+                    textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8, "lw": 0})
+    return fig
+
+
+def shift_explorer(**defaults) -> Explorer:
+    """Sliders for the train/test shift and the sharp well's width."""
+    d = {"test_shift": 0.3, "sharp_width": 0.2, **defaults}
+    controls = {
+        "test_shift": _slider(d["test_shift"], -0.6, 0.6, 0.02, "train/test shift"),
+        "sharp_width": _slider(d["sharp_width"], 0.1, 0.6, 0.05, "sharp width"),
+    }
+    return Explorer(draw_shift, controls, "Flat vs sharp under a train/test shift")
+
+
+def draw_race(algorithm: str = "fedqp", alpha: float = 4.0, lr: float = 0.1, rounds: int = 15,
+              seeds: int = 10, options: Mapping | None = None) -> Figure:
+    """Where FedAvg's and one method's final models end over a few seeds (a mini race).
+
+    ``alpha`` goes to every run (FedAvg ignores it; it is FedMut/FedQP's range and FedUp's
+    penalty weight); ``options`` are further toy-config overrides (clients, start, ...).
+    """
+    from flnotes.toy import race
+
+    options = dict(options or {})
+    rows = race(["fedavg", algorithm], seeds=seeds, alpha=alpha, lr=lr, rounds=rounds,
+                **options)
+    fed = make_federation("fedmut-fig1", num_clients=options.get("num_clients", 2))
+    return plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=2)
+
+
+def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
+    """Sliders for one method's alpha, the learning rate, rounds and seeds of a mini race."""
+    from functools import partial
+
+    from flnotes.algorithms import algorithm_names
+
+    d = {"algorithm": "fedqp", "alpha": 4.0, "lr": 0.1, "rounds": 15, "seeds": 10, **defaults}
+    controls = {
+        "algorithm": W.Dropdown(options=[n for n in algorithm_names() if n != "fedavg"],
+                                value=d["algorithm"], description="method"),
+        "alpha": _slider(d["alpha"], 0.0, 8.0, 0.5, "alpha"),
+        "lr": _slider(d["lr"], 0.01, 0.2, 0.01, "learning rate"),
+        "rounds": W.IntSlider(value=d["rounds"], min=1, max=40, description="rounds",
+                              continuous_update=False),
+        "seeds": W.IntSlider(value=d["seeds"], min=2, max=50, description="seeds",
+                             continuous_update=False),
+    }
+    return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg")
