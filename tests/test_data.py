@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from flnotes.data import vision
-from flnotes.data import TensorData, dataset_names, load_dataset
+from flnotes.data import TensorData, dataset_names, load_dataset, vision
 from flnotes.data.options import data_option_problems, loader_options
 from flnotes.data.vision import MEAN_STD
 

@@ -64,7 +64,7 @@ def test_penalty_gradient_matches_autograd_and_analytic_gradient():
     strategy = FedUp(RunConfig(algorithm="fedup", alpha=alpha, lr=lr), previous)
     strategy.aggregate(1, [ClientResult(0, start, 10, 0.0)])  # now X^(t-1) = previous, X^t = start
     assert states_allclose(strategy.previous_global, previous, 0, 0)
-    penalty = strategy.local_penalty(params, strategy.penalty_anchor(start))
+    penalty = strategy.local_penalty(params, strategy.penalty_anchor(start, 0))
     reference = sum(closed_form(params[n], start[n], previous[n], alpha, lr) for n in params)
     assert torch.allclose(penalty, reference, rtol=1e-5, atol=1e-6)
     assert torch.allclose(
@@ -81,7 +81,7 @@ def test_penalty_gradient_matches_autograd_and_analytic_gradient():
     # Sign check: one SGD step (lr) on the penalty alone, from X^t, moves by
     # alpha * (X^t - X^(t-1)): along the last global update, as an estimate of -grad F.
     at_start = {n: start[n].clone().requires_grad_(True) for n in shapes}
-    step = torch.autograd.grad(strategy.local_penalty(at_start, strategy.penalty_anchor(start)),
+    step = torch.autograd.grad(strategy.local_penalty(at_start, strategy.penalty_anchor(start, 0)),
                                list(at_start.values()))
     for n, grad in zip(shapes, step, strict=True):
         assert torch.allclose(-lr * grad, alpha * (start[n] - previous[n]), rtol=1e-5, atol=1e-6)

@@ -37,7 +37,7 @@ def test_stacked_step_equals_loop_in_float64(model, shrink):
     states, means = train_stacked(
         task, client_lanes(task, config, 1, clients), {"": starts}, config, ("test", shrink),
         lambda: supervised_objective(task.loss_fn, strategy.local_penalty),
-        anchors=[strategy.penalty_anchor(s) for s in starts],
+        anchors=[strategy.penalty_anchor(s, c) for s, c in zip(starts, clients, strict=True)],
         shrink=shrink)
     for k, reference in enumerate(loop):
         for name, t in reference.state.items():

@@ -1,7 +1,7 @@
 """The strategy interface every federated algorithm implements.
 
 A round is: ``dispatch`` (the state each sampled client starts from), local training (by
-a backend in :mod:`flnotes.train`, adding ``local_penalty`` to the loss, or the
+a backend in :mod:`flnotes.engine.train`, adding ``local_penalty`` to the loss, or the
 strategy's own ``local_update``), then ``aggregate`` (the new global state). A strategy
 sees models only as states, so it runs unchanged on the 2-parameter toy and on a ResNet.
 """
@@ -49,12 +49,14 @@ class Strategy:
         """The state each sampled client starts local training from (FedAvg: the global)."""
         return [self.global_state for _ in clients]
 
-    def penalty_anchor(self, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What ``local_penalty`` measures a client against: by default its start state.
+    def penalty_anchor(self, start: dict[str, torch.Tensor],
+                       client: int) -> dict[str, torch.Tensor]:
+        """What ``local_penalty`` measures ``client`` against: by default its start state.
 
-        A penalty that also needs run state (FedUp: the previous global model) takes it from
-        here, so that the penalty is a function of (params, anchor) and the config alone:
-        then clients of several runs can train in one stack (flnotes.engine.seeds).
+        A penalty that also needs run state (FedUp: the previous global model) or the
+        client's own state (a control variate, a dual variable) takes it from here, so that
+        the penalty is a function of (params, anchor) and the config alone: then clients of
+        several runs can train in one stack (flnotes.engine.seeds).
         """
         return start
 

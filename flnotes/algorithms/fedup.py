@@ -82,7 +82,7 @@ class FedUp(Strategy):
     def has_penalty(self) -> bool:  # alpha = 0 is exactly FedAvg: skip the extra work
         return self.config.alpha > 0
 
-    def penalty_anchor(self, start):
+    def penalty_anchor(self, start, client):
         """X^t (the start state) and, under ``previous:`` names, X^(t-1)."""
         return {**start, **{PREVIOUS + n: t for n, t in self.previous_global.items()}}
 

@@ -106,7 +106,7 @@ def train_clients_loop(
             model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
             lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
             generator=generator, loss_fn=task.loss_fn, penalty=penalty,
-            anchor=strategy.penalty_anchor(start) if penalty is not None else None,
+            anchor=strategy.penalty_anchor(start, client) if penalty is not None else None,
         )
         results.append(ClientResult(client, state, len(y), loss))
     return results

@@ -74,7 +74,8 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
     for group_task, group_strategy, group_config, clients, group_starts in groups:
         lanes += client_lanes(group_task, group_config, round, clients)
         starts += group_starts
-        anchors += [group_strategy.penalty_anchor(s) for s in group_starts]
+        anchors += [group_strategy.penalty_anchor(s, c)
+                    for s, c in zip(group_starts, clients, strict=True)]
     states, means = train_stacked(
         task, lanes, {"": starts}, config, ("supervised", strategy),
         lambda: supervised_objective(task.loss_fn, penalty),
