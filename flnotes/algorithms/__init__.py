@@ -17,6 +17,8 @@ _REGISTRY = {
     "fedmr": "flnotes.algorithms.fedmr:FedMR",
     "fml": "flnotes.algorithms.fml:FML",
     "fedup": "flnotes.algorithms.fedup:FedUp",
+    # baselines of the FedMut, FedQP and FedMR tables (issue 17)
+    # baselines of FedUp's tables (issue 12)
 }
 
 

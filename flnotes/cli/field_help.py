@@ -46,6 +46,8 @@ FIELD_HELP = {
     "segments": "FedMR-p: segments recombined as units (0: every layer is a segment)",
     "personal_weight": "FML a: cross-entropy weight in the personal model's loss, in [0, 1]",
     "meme_weight": "FML b: cross-entropy weight in the meme model's loss, in [0, 1]",
+    # -- mutation-family baselines (issue 17)
+    # -- FedUp-table baselines (issue 12)
     "seed": "seed of every random draw (split, sampling, initial model, batches)",
     "eval_every": "evaluate the global model every this many rounds (and at the last)",
     "eval_batch_size": "batch size of evaluation (memory only; results do not change)",

@@ -73,6 +73,8 @@ class RunConfig:
     segments: int = 0  # FedMR-p: 0 means every layer is its own segment
     personal_weight: float = 0.5  # FML a: CE weight in the personal model's loss
     meme_weight: float = 0.5  # FML b: CE weight in the meme model's loss
+    # -- mutation-family baselines (FedExP, FedSAM/FedASAM, FedNTD, ...): issue 17
+    # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     # bookkeeping
     seed: int = 0
     eval_every: int = 1
