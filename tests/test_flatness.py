@@ -1,6 +1,5 @@
 """Flatness measures against references: known Hessians, brute-force grids, analytic landscapes."""
 
-import importlib.util
 
 import pytest
 import torch
@@ -188,8 +187,6 @@ def test_interpolation_endpoints_equal_the_two_models():
     assert default["t"][0] == -0.5 and default["t"][-1] == 1.5
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flnotes.toy") is None,
-                    reason="flnotes/toy.py (the 2-parameter model) is not written yet")
 def test_toy_plane_equals_the_analytic_landscape():
     from flnotes.config import RunConfig
     from flnotes.toy import build_task, state_of

@@ -85,7 +85,7 @@ class RunConfig:
     # torch.compile of the vmap backend's training step: "off", or a torch.compile mode
     # ("default", "reduce-overhead" = CUDA graphs on a GPU, "max-autotune"). Costs a
     # compilation once per run (measured on a CPU: 20 s for the CNN to 4 min for the LSTM;
-    # not yet on a GPU); see flnotes/train_stacked.py and benchmarks/README.md.
+    # not yet on a GPU); see flnotes/engine/batched/stacked.py and benchmarks/README.md.
     compile: str = "off"
     record_states: bool = False  # keep every dispatched/local/global state (toy models)
     run_dir: str | None = None  # None: nothing written to disk

@@ -1,0 +1,129 @@
+"""The package's layout: no import cycles, and no import that climbs the layers.
+
+Read from the source with ``ast`` (every ``import``, at module level or inside a function),
+so a lazy import that would close a cycle counts as much as a top-level one. Importing
+``flnotes.a.b`` is an edge to that module only, not to the package ``flnotes.a``: a package's
+``__init__`` that re-exports its submodules is not a cycle with them.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "flnotes"
+
+# Who may import whom, by top-level part of the module name (flnotes.<part>...). The layers,
+# lowest first: messages, rng -> models, data -> algorithms, engine -> config -> toy, flatness,
+# plots -> repro -> cli. Each entry lists the parts a part must never import.
+FORBIDDEN = {
+    "messages": {"*"},
+    "rng": {"*"},
+    "models": {"data", "algorithms", "engine", "config", "toy", "flatness", "plots", "repro",
+               "cli"},
+    "data": {"models", "algorithms", "engine", "config", "toy", "flatness", "plots", "repro",
+             "cli"},
+    "algorithms": {"config", "toy", "flatness", "plots", "repro", "cli"},
+    "engine": {"config", "toy", "flatness", "plots", "repro", "cli"},
+    "config": {"engine", "toy", "flatness", "plots", "repro", "cli"},
+    "toy": {"repro", "cli"},
+    "flatness": {"toy", "repro", "cli"},
+    "plots": {"toy", "flatness", "repro", "cli"},
+    "repro": {"toy", "flatness", "cli"},
+}
+# Modules allowed directly under flnotes/ (the issue's "about six"): the public face, the
+# command-line entry, the lowest helpers, the architectures and the shared plots.
+TOP_LEVEL = {"__init__", "__main__", "messages", "rng", "models", "plots"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the flnotes modules it imports (a name imported from a package that is a
+    submodule counts as that submodule)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}: use absolute imports"
+                if not (node.module or "").startswith("flnotes"):
+                    continue
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("flnotes")}
+        graph[name] = targets - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_the_package_has_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_climbs_the_layers():
+    wrong = []
+    for module, targets in import_graph().items():
+        banned = FORBIDDEN.get(part(module), set())
+        for target in targets:
+            if part(target) != part(module) and ("*" in banned or part(target) in banned):
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_few_modules_sit_directly_under_the_package():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top <= TOP_LEVEL, f"move {sorted(top - TOP_LEVEL)} into a subpackage"
+    for folder in PACKAGE.iterdir():
+        if folder.is_dir() and folder.name != "__pycache__":
+            assert (folder / "__init__.py").exists(), f"{folder.name}/ has no __init__.py"
+
+
+def test_the_checks_catch_what_they_guard_against():
+    """The checker itself: a made-up cycle and a made-up upward import are found."""
+    assert find_cycle({"flnotes.a": {"flnotes.b"}, "flnotes.b": {"flnotes.c"},
+                       "flnotes.c": {"flnotes.a"}}) == ["flnotes.a", "flnotes.b", "flnotes.c",
+                                                        "flnotes.a"]
+    assert find_cycle({"flnotes.a": {"flnotes.b"}, "flnotes.b": set()}) is None
+    assert part("flnotes.engine.sim") == "engine" and part("flnotes") == ""
+    assert "repro" in FORBIDDEN["engine"] and "engine" in FORBIDDEN["data"]
+
+
+@pytest.mark.parametrize("name", ["RunConfig", "run", "run_seeds", "History"])
+def test_the_public_face_stays(name):
+    import flnotes
+
+    assert getattr(flnotes, name) is not None and name in flnotes.__all__
