@@ -324,13 +324,13 @@ def test_registry_and_unknown_name():
 
 
 def test_loader_options_come_from_the_real_loaders_signature():
-    # A forwarding loader (**options) reports the options of the function it forwards to.
     shakespeare = loader_options("shakespeare")
     assert {"max_roles", "seq_len", "min_samples", "source"} <= set(shakespeare)
     assert shakespeare["max_roles"].kind is int and shakespeare["max_roles"].optional
     assert shakespeare["seq_len"].default == 80 and not shakespeare["seq_len"].optional
-    assert set(loader_options("cifar10")) == {"coarse"}  # name is bound by the registry
-    assert loader_options("mnist") == {}
+    # name is bound by the registry
+    assert set(loader_options("cifar10")) == {"coarse", "normalize"}
+    assert set(loader_options("mnist")) == {"normalize"}
     assert loader_options("synthetic")["noise"].kind is float
 
 
@@ -346,7 +346,7 @@ def test_loader_options_come_from_the_real_loaders_signature():
     ("synthetic", {"noise": float("nan")}, ["noise", "finite"]),
     ("synthetic", {"num_train": 2.5}, ["num_train", "integer"]),
     ("cifar100", {"coarse": "yes"}, ["coarse", "true or false"]),
-    ("mnist", {"coarse": True}, ["'coarse'", "options are: none"]),
+    ("mnist", {"coarse": True}, ["'coarse'", "options are: normalize (str"]),
 ])
 def test_bad_loader_options_are_named_with_what_is_allowed(name, options, words):
     problems = list(data_option_problems(name, options))
@@ -401,3 +401,49 @@ def test_a_jpeg_copy_is_recorded_by_a_run_and_marked_in_tables(tmp_path):
                   & (result["heterogeneity"] == "iid") & (result["method"] == "FedAvg")]
     assert "*" in tables.side_by_side(cell).iloc[0, 0]
     assert "cifar10 read from a JPEG image folder" in "\n".join(tables.legend(result))
+
+
+# ------------------------------------------------------------------ input normalisation
+
+
+def test_normalize_option_scales_pixels_as_each_rule_says(tmp_path):
+    """Each rule against a hand computation on the raw pixels of a tiny IDX set, and the
+    rules of FedMut's official code (utils/get_dataset.py) per dataset."""
+    arrays = write_idx(tmp_path, gz=False)
+    raw = torch.from_numpy(arrays["train-images-idx3-ubyte"].astype(np.float32))[:, None] / 255
+    half = load_dataset("fashion-mnist", data_dir=tmp_path, normalize="half").train_x
+    unit = load_dataset("fashion-mnist", data_dir=tmp_path, normalize="unit").train_x
+    default = load_dataset("fashion-mnist", data_dir=tmp_path).train_x
+    mean, std = MEAN_STD["fashion-mnist"]
+    assert torch.allclose(half, (raw - 0.5) / 0.5, atol=1e-6)
+    assert torch.equal(unit, raw)
+    assert torch.allclose(default, (raw - mean[0]) / std[0], atol=1e-6)
+    # FedMut's code: ToTensor() alone for Fashion-MNIST, MNIST's usual statistics for MNIST.
+    code = load_dataset("fashion-mnist", data_dir=tmp_path, normalize="fedmut-code").train_x
+    assert torch.equal(code, unit)
+    mnist = load_dataset("mnist", data_dir=tmp_path, normalize="fedmut-code").train_x
+    assert torch.equal(mnist, load_dataset("mnist", data_dir=tmp_path).train_x)
+
+
+def test_normalize_fedmut_code_on_cifar(tmp_path, no_md5):
+    """CIFAR-10: Normalize((0.5,)*3, (0.5,)*3); CIFAR-100: the code's own constants."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
+    for i in range(1, 6):
+        dump(tmp_path / "cifar-10-batches-py" / f"data_batch_{i}", {"data": x, "labels": [0] * 4})
+    dump(tmp_path / "cifar-10-batches-py" / "test_batch", {"data": x, "labels": [1] * 4})
+    dump(tmp_path / "cifar-10-batches-py" / "batches.meta", {"label_names": list("abcdefghij")})
+    pixels = torch.from_numpy(x.reshape(4, 3, 32, 32).astype(np.float32)) / 255
+    code = load_dataset("cifar10", data_dir=tmp_path, normalize="fedmut-code")
+    assert torch.allclose(code.test_x, (pixels - 0.5) / 0.5, atol=1e-6)
+    assert torch.equal(code.test_x, load_dataset("cifar10", data_dir=tmp_path,
+                                                 normalize="half").test_x)
+
+
+def test_a_wrong_normalize_is_one_line_naming_the_choices():
+    problems = list(data_option_problems("cifar10", {"normalize": "zscore"}))
+    assert len(problems) == 1 and "normalize" in problems[0] and "fedmut-code" in problems[0]
+    from flnotes.config import RunConfig
+
+    with pytest.raises(ValueError, match="normalize"):
+        RunConfig(dataset="cifar10", data_options={"normalize": "zscore"})

@@ -59,7 +59,7 @@ def test_overrides_apply_and_presets_are_fresh_copies():
     assert config.algorithm == "fedprox" and config.rounds == 3 and config.mu == 0.01
     first = preset_values("fedmut-official-cifar100")
     first["data_options"]["coarse"] = False
-    assert preset_values("fedmut-official-cifar100")["data_options"] == {"coarse": True}
+    assert preset_values("fedmut-official-cifar100")["data_options"]["coarse"] is True
 
 
 def values(name, *fields):
@@ -85,7 +85,13 @@ def test_fedmut_official_values():
     v = preset_values("fedmut-official")
     assert (v["momentum"], v["beta_rounds"], v["model"], v["weighting"]) == (
         0.5, 50, "lenet-cifar", "uniform")
-    assert preset_values("fedmut-official-cifar100")["data_options"] == {"coarse": True}
+    # utils/get_dataset.py scales inputs its own way: Normalize((0.5,)*3, (0.5,)*3) on CIFAR-10.
+    assert v["data_options"] == {"normalize": "fedmut-code"}
+    assert preset_values("fedmut-official-cifar100")["data_options"] == {
+        "coarse": True, "normalize": "fedmut-code"}
+    for name in ("fedmut-paper", "fedqp-paper", "fedmr-paper", "fml-paper", "fedup-paper"):
+        assert preset_values(name).get("data_options", {}).get("normalize", "dataset") == (
+            "dataset") and "normalize=\"dataset\"" in describe(name)
 
 
 def test_fedqp_paper_values():

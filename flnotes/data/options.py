@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from functools import partial
 
 from flnotes.data.registry import DATASETS
+from flnotes.data.vision import NORMALIZATIONS
 from flnotes.messages import did_you_mean
 
 # Text options with a fixed set of values (a wrong one would otherwise surface as "data not
 # found" or deep inside the loader).
-OPTION_CHOICES = {"source": ("auto", "leaf", "plays"), "layout": ("auto", "indented", "alone")}
+OPTION_CHOICES = {"source": ("auto", "leaf", "plays"), "layout": ("auto", "indented", "alone"),
+                  "normalize": NORMALIZATIONS}
 # Integer options whose default is positive but for which 0 is meaningful too.
 ZERO_ALLOWED = {"max_shift"}
 # Fractions that must lie strictly between 0 and 1.

@@ -24,10 +24,41 @@ MEAN_STD = {
 }
 
 
-def _normalise(x_uint8: torch.Tensor, name: str) -> torch.Tensor:
-    """uint8 (N,C,H,W) -> float32 in [0,1], standardised with the dataset's channel mean/std."""
-    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in MEAN_STD[name])
-    return x_uint8.float().div_(255).sub_(mean).div_(std)  # in place: no 600 MB temporaries
+# How inputs are scaled (the loaders' ``normalize`` option). "dataset" standardises each
+# channel with the training set's published mean/std (MEAN_STD). The others reproduce code
+# that scales differently, so that a run can be compared with it on the same pixels:
+# "half" maps [0,1] to [-1,1] (Normalize((0.5,)*C, (0.5,)*C)); "unit" keeps [0,1] (ToTensor
+# alone); "fedmut-code" is what FedMut's official code does per dataset (utils/get_dataset.py
+# of github.com/HMHelloWorld/FedMut, read 2026-11): CIFAR-10 "half", CIFAR-100 the code's
+# constants below, Fashion-MNIST "unit", MNIST "dataset".
+NORMALIZATIONS = ("dataset", "half", "unit", "fedmut-code")
+# FedMut's code normalises CIFAR-100 with CIFAR-10's channel means and a widely copied std
+# (0.2023, 0.1994, 0.2010), not CIFAR-100's own statistics; kept as the code has it.
+FEDMUT_CODE_CIFAR100 = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
+
+
+def _mean_std(name: str, normalize: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Channel (mean, std) to standardise with; None: leave the [0,1] values as they are."""
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize={normalize!r}: choose one of {list(NORMALIZATIONS)}")
+    if normalize == "fedmut-code":
+        normalize = {"cifar10": "half", "fashion-mnist": "unit"}.get(name, "dataset")
+        if name == "cifar100":
+            return FEDMUT_CODE_CIFAR100
+    channels = len(MEAN_STD[name][0])
+    if normalize == "half":
+        return (0.5,) * channels, (0.5,) * channels
+    return None if normalize == "unit" else MEAN_STD[name]
+
+
+def _normalise(x_uint8: torch.Tensor, name: str, normalize: str = "dataset") -> torch.Tensor:
+    """uint8 (N,C,H,W) -> float32 in [0,1], then standardised as ``normalize`` says."""
+    x = x_uint8.float().div_(255)
+    stats = _mean_std(name, normalize)
+    if stats is None:
+        return x
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in stats)
+    return x.sub_(mean).div_(std)  # in place: no 600 MB temporaries
 
 
 # ---------------------------------------------------------------- synthetic
@@ -138,9 +169,14 @@ def load_image_folder(root: Path, cache_dir: Path | None = None) -> dict:
 
 
 def load_cifar(
-    data_dir: Path, download: bool, seed: int, name: str = "cifar10", coarse: bool = False
+    data_dir: Path, download: bool, seed: int, name: str = "cifar10", coarse: bool = False,
+    normalize: str = "dataset",
 ) -> TensorData:
-    """CIFAR-10/100 from an image folder or torchvision's pickles (downloaded if asked)."""
+    """CIFAR-10/100 from an image folder or torchvision's pickles (downloaded if asked).
+
+    ``normalize``: how pixels are scaled (see NORMALIZATIONS); "dataset" by default.
+    """
+    _mean_std(name, normalize)  # a wrong value fails before any file is read
     if coarse and name != "cifar100":
         raise ValueError(f"coarse=True exists only for cifar100, not {name}")
     num_classes = 10 if name == "cifar10" else (20 if coarse else 100)
@@ -154,7 +190,7 @@ def load_cifar(
             d = load_image_folder(root)
             if len(d["classes"]) != num_classes:
                 raise ValueError(f"{root} has {len(d['classes'])} class folders, not {num_classes}")
-            xs = [_normalise(d[k], name) for k in ("train_x", "test_x")]
+            xs = [_normalise(d[k], name, normalize) for k in ("train_x", "test_x")]
             # A cache written before "jpeg" was recorded: look at the files again.
             jpeg = d["jpeg"] if "jpeg" in d else all(
                 os.path.splitext(f)[1].lower() in (".jpg", ".jpeg")
@@ -186,7 +222,7 @@ def load_cifar(
             # one file each) also holds the 20 superclass labels.
             with open(pickle_dir / file_name, "rb") as f:
                 y = pickle.load(f, encoding="latin1")["coarse_labels"]
-        splits += [_normalise(x, name), torch.tensor(y, dtype=torch.int64)]
+        splits += [_normalise(x, name, normalize), torch.tensor(y, dtype=torch.int64)]
     return TensorData(name, *splits, num_classes)
 
 
@@ -238,9 +274,14 @@ def _find_idx_dir(dirs: list[Path]) -> dict[str, Path] | None:
 
 
 def load_idx_dataset(
-    data_dir: Path, download: bool, seed: int, name: str = "fashion-mnist"
+    data_dir: Path, download: bool, seed: int, name: str = "fashion-mnist",
+    normalize: str = "dataset",
 ) -> TensorData:
-    """MNIST or Fashion-MNIST from IDX files, via torchvision's download if asked."""
+    """MNIST or Fashion-MNIST from IDX files, via torchvision's download if asked.
+
+    ``normalize``: how pixels are scaled (see NORMALIZATIONS); "dataset" by default.
+    """
+    _mean_std(name, normalize)  # a wrong value fails before any file is read
     tv_name = "FashionMNIST" if name == "fashion-mnist" else "MNIST"
     dirs = [data_dir, data_dir / tv_name / "raw"]  # the second is torchvision's layout
     if name == "fashion-mnist":
@@ -264,7 +305,8 @@ def load_idx_dataset(
             raise ValueError(f"{files[s + '_x']} and {files[s + '_y']} differ in length")
     # copy(): frombuffer arrays are read-only, torch wants writable memory.
     xs = [
-        _normalise(torch.from_numpy(a[k].copy()).unsqueeze(1), name) for k in ("train_x", "test_x")
+        _normalise(torch.from_numpy(a[k].copy()).unsqueeze(1), name, normalize)
+        for k in ("train_x", "test_x")
     ]
     ys = [torch.from_numpy(a[k].astype(np.int64)) for k in ("train_y", "test_y")]
     return TensorData(name, xs[0], ys[0], xs[1], ys[1], 10)
