@@ -200,3 +200,56 @@ def test_two_layer_zero_dim_toy_state():
         assert float(m["y"]) - float(m["x"]) == 10.0  # whole models move together
     with pytest.raises(ValueError, match="segments"):
         FedMR(config.replace(segments=3), init)
+
+
+# ---- Fig. 6's model similarity and the Indep reference ----------------------------------------
+
+
+def test_model_similarity_is_the_mean_pairwise_cosine_of_the_weights():
+    """Against a pair-by-pair computation; BatchNorm running statistics are left out."""
+    from flnotes.algorithms.fedmr import mean_pairwise_cosine
+
+    states = random_states(4, [(3, 2), (5,)], seed=3)
+    for k, state in enumerate(states):
+        state["bn.running_var"] = torch.full((5,), 100.0 + k)  # would dominate the cosine
+    flat = [torch.cat([s["layer0"].reshape(-1), s["layer1"]]).double() for s in states]
+    pairs = [torch.nn.functional.cosine_similarity(a, b, dim=0)
+             for a, b in itertools.combinations(flat, 2)]
+    assert mean_pairwise_cosine(states) == pytest.approx(float(sum(pairs) / len(pairs)),
+                                                         abs=1e-12)
+    assert mean_pairwise_cosine([states[0], states[0]]) == pytest.approx(1.0)
+    assert mean_pairwise_cosine(states[:1]) != mean_pairwise_cosine(states[:1])  # NaN
+
+
+def test_fedmr_records_model_similarity_every_evaluated_round(tiny_config):
+    history = run(tiny_config.replace(algorithm="fedmr", record_states=True), progress=False)
+    from flnotes.algorithms.fedmr import mean_pairwise_cosine
+
+    similarity = history.metric("model_similarity")
+    assert len(similarity) == tiny_config.rounds
+    for value, step in zip(similarity, history.trajectory, strict=True):
+        assert value == pytest.approx(mean_pairwise_cosine(step["local"]), abs=1e-12)
+
+
+def test_indep_is_fedmr_moving_whole_models_and_reports_indepaggr(tiny_config):
+    config = tiny_config.replace(rounds=3, record_states=True)
+    indep = run(config.replace(algorithm="indep", segments=0, stage1_rounds=2), progress=False)
+    whole = run(config.replace(algorithm="fedmr", segments=1, stage1_rounds=0), progress=False)
+    assert states_allclose(indep.final_state, whole.final_state, rtol=0, atol=0)
+    assert indep.metric("accuracy") == whole.metric("accuracy")  # IndepAggr: the locals' mean
+    # Each dispatched model (from round 2) is one of last round's local models, whole.
+    for prev, step in zip(indep.trajectory, indep.trajectory[1:], strict=False):
+        for sent in step["dispatched"]:
+            assert any(states_allclose(sent, local, 0, 0) for local in prev["local"])
+    # The local models' own accuracy, from evaluating each of them.
+    from flnotes.engine.tasks import build_task
+
+    task = build_task(config)
+    model = task.working_model()
+    accuracies = []
+    for local in indep.trajectory[-1]["local"]:
+        model.load_state_dict(local)
+        accuracies.append(task.evaluate(model, config.eval_batch_size)["accuracy"])
+    assert indep.metric("local_accuracy_max")[-1] == max(accuracies)
+    mean = sum(accuracies) / len(accuracies)
+    assert indep.metric("local_accuracy_mean")[-1] == pytest.approx(mean)

@@ -15,6 +15,7 @@ _REGISTRY = {
     "fedmut": "flnotes.algorithms.fedmut:FedMut",
     "fedqp": "flnotes.algorithms.fedqp:FedQP",
     "fedmr": "flnotes.algorithms.fedmr:FedMR",
+    "indep": "flnotes.algorithms.fedmr:Indep",  # FedMR's reference without recombination
     "fml": "flnotes.algorithms.fml:FML",
     "fedup": "flnotes.algorithms.fedup:FedUp",
     # baselines of the FedMut, FedQP and FedMR tables (issue 17)

@@ -25,6 +25,17 @@ Decisions where the paper leaves room:
 - The reported global model (evaluated each round) is the mean of the round's local models
   (Sec. 5.3, Fig. 9: "an aggregated version of all the local models"); uniform by default
   (App. A.1: "all the models have the same weight"). Clients never train from it in stage 2.
+- ``model_similarity`` (Sec. 5.4, Fig. 6: "the average cosine similarity between all the
+  intermediate models") is recorded every evaluated round: the mean over pairs of the
+  round's K local models of the cosine between their weight vectors. The paper does not say
+  which tensors make up the vector; here every float layer except BatchNorm's running
+  statistics, which are not weights (their variances would push every pair towards 1).
+
+Indep (Sec. 3 and 5.4, Figs. 1 and 5), registered as ``indep``, is the paper's reference
+without recombination: the server shuffles the received local models whole and dispatches
+them without aggregation, i.e. FedMR-p with p = 1 from round 1. Its ``accuracy`` is that of
+the mean of its local models, the paper's "IndepAggr"; ``local_accuracy_mean`` and
+``local_accuracy_max`` are those of the local models themselves (Fig. 5 plots four of them).
 """
 
 from __future__ import annotations
@@ -83,6 +94,26 @@ def recombine(
     return models
 
 
+RUNNING_STATS = ("running_mean", "running_var")
+
+
+def mean_pairwise_cosine(states: Sequence[StateLike]) -> float:
+    """Mean cosine similarity over all pairs of states' weight vectors (FedMR Fig. 6).
+
+    A state's vector is its float layers, BatchNorm running statistics left out, flattened
+    and concatenated in state order; NaN for fewer than two states.
+    """
+    if len(states) < 2:
+        return float("nan")
+    names = [n for n in float_layer_names(states[0]) if not n.endswith(RUNNING_STATS)]
+    vectors = torch.stack([torch.cat([s[n].reshape(-1).double() for n in names])
+                           for s in states])
+    unit = vectors / vectors.norm(dim=1, keepdim=True)
+    gram = unit @ unit.T
+    k = len(states)
+    return float((gram.sum() - gram.diagonal().sum()) / (k * (k - 1)))
+
+
 class FedMR(Strategy):
     """Federated Model Recombination, with two-stage training and the FedMR-p variant."""
 
@@ -119,6 +150,10 @@ class FedMR(Strategy):
         self.global_state = self.average(results)
         return self.global_state
 
+    def round_metrics(self, task) -> dict[str, float]:
+        """The round's mean pairwise cosine similarity of the local models (Fig. 6)."""
+        return {"model_similarity": mean_pairwise_cosine(self.local_states)}
+
     def state_dict(self) -> dict[str, Any]:
         """Global model and the kept local models, so a resumed run recombines the same."""
         return {"global_state": self.global_state, "local_states": list(self.local_states)}
@@ -127,3 +162,27 @@ class FedMR(Strategy):
         """Restore what :meth:`state_dict` saved."""
         super().load_state_dict(values)
         self.local_states = [OrderedDict(s) for s in values.get("local_states", [])]
+
+
+class Indep(FedMR):
+    """Independent training (FedMR Sec. 3): local models shuffled whole, never aggregated."""
+
+    name = "indep"
+
+    def __init__(self, config, global_state) -> None:
+        # Whole models move (one segment) from the first round on; the mean of the local
+        # models is only reported ("IndepAggr"), never trained from.
+        super().__init__(config.replace(segments=1, stage1_rounds=0), global_state)
+
+    def round_metrics(self, task) -> dict[str, float]:
+        """Fig. 5: the local models' own test accuracy beside the IndepAggr one."""
+        metrics = super().round_metrics(task)
+        model = task.working_model()
+        accuracies = []
+        for state in self.local_states:
+            model.load_state_dict(state)
+            accuracies.append(task.evaluate(model, self.config.eval_batch_size)["accuracy"])
+        model.load_state_dict(self.global_state)  # the engine evaluated this one before
+        metrics.update(local_accuracy_mean=sum(accuracies) / len(accuracies),
+                       local_accuracy_max=max(accuracies))
+        return metrics

@@ -21,7 +21,7 @@ MODEL_LABELS = {"cnn": "CNN", "resnet18": "ResNet-18", "resnet18-gn": "ResNet18"
                 "resnet20": "ResNet-20", "vgg16": "VGG-16", "lstm": "LSTM", "mlp": "MLP",
                 "lenet5": "LeNet5", "femnist-cnn": "CNN"}
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedmut": "FedMut", "fedqp": "FedQP",
-                 "fedmr": "FedMR", "fml": "FML", "fedup": "FedUp",
+                 "fedmr": "FedMR", "fml": "FML", "fedup": "FedUp", "indep": "Indep",
                  # the baselines, as the papers' tables print them
                  "fedgen": "FedGen", "clusamp": "CluSamp", "fedntd": "FedNTD",
                  "fedexp": "FedExP", "fedsam": "FedSAM", "fedasam": "FedASAM",
