@@ -127,6 +127,17 @@ def test_leaf_femnist_json_round_trip(tmp_path):
     sub = leaf.load_femnist(tmp_path, False, 0, max_writers=2)
     assert len(sub.client_indices) == 2
     assert len(sub.test_y) == sum(map(len, sub.client_test_indices))
+    # min_samples keeps the writers with at least that many training samples (FedMR: > 100),
+    # with their own rows; max_writers then draws among those only.
+    big = leaf.load_femnist(tmp_path, False, 0, min_samples=4)
+    assert big.client_names == ["f0001_01", "f0003_12"]
+    for c, u in enumerate(big.client_names):
+        assert big.train_y[big.client_indices[c]].tolist() == train[u]["y"]
+        assert big.test_y[big.client_test_indices[c]].tolist() == test[u]["y"]
+    one = leaf.load_femnist(tmp_path, False, 0, min_samples=4, max_writers=1)
+    assert one.client_names[0] in big.client_names and len(one.client_names) == 1
+    with pytest.raises(ValueError, match="min_samples=6"):
+        leaf.load_femnist(tmp_path, False, 0, min_samples=6)
 
 
 def test_natural_split_trains_through_the_engine(tmp_path, monkeypatch):

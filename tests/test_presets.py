@@ -131,3 +131,20 @@ def test_fedup_paper_values():
     # eq. 3 (FedAvg) and Alg. 1 l.9 (FedUp) both aggregate with the uniform mean
     assert {preset_values(n).get("weighting") for n in
             ("fedup-paper", "fedup-paper-cifar100", "fedup-paper-femnist")} == {"uniform"}
+
+
+def test_the_presets_issue_15_found_missing():
+    # FedMut "Comparison of Accuracy": beta0 = 0.3 for VGG-16 (as for the CNN); FedQP: FedMut's.
+    for name in ("fedmut-paper-vgg16", "fedqp-paper-vgg16"):
+        assert values(name, "model", "beta0") == ("vgg16", 0.3)
+        assert "4096" in describe(name)  # says which VGG-16 head it is
+    assert values("fedqp-paper-vgg16", *COMMON) == values("fedqp-paper", *COMMON)
+    # FedMR Sec. 5.1: FedProx mu 0.001 on CIFAR-100, 0.1 on FEMNIST; 180 FEMNIST clients with
+    # more than 100 samples each.
+    assert values("fedmr-paper-cifar100", "dataset", "mu", "num_clients") == ("cifar100", 0.001,
+                                                                              100)
+    femnist = preset_values("fedmr-paper-femnist")
+    assert (femnist["dataset"], femnist["partition"], femnist["num_clients"], femnist["mu"]) == (
+        "femnist", "natural", 180, 0.1)
+    assert femnist["data_options"] == {"max_writers": 180, "min_samples": 101}
+    RunConfig.from_preset("fedmr-paper-femnist")  # its data options are the loader's

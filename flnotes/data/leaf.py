@@ -188,14 +188,23 @@ def _select_clients(data: LeafData, keep: list[int], max_samples: int | None = N
 
 
 def load_femnist(data_dir: Path, download: bool, seed: int, max_writers: int | None = None,
-                 subset_seed: int = 0) -> LeafData:
-    """FEMNIST from LEAF's JSON (run LEAF's preprocess.sh; there is no download here)."""
+                 subset_seed: int = 0, min_samples: int = 0) -> LeafData:
+    """FEMNIST from LEAF's JSON (run LEAF's preprocess.sh; there is no download here).
+
+    ``min_samples`` keeps only writers with at least that many training samples (FedMR's
+    180 clients each "host more than 100 local data samples": 101); ``max_writers`` then
+    keeps a fixed random subset of them, drawn with ``subset_seed``.
+    """
     root = find_leaf_root(Path(data_dir), "femnist")
     if root is None:
         raise FileNotFoundError(
             f"FEMNIST not found in {data_dir}: expected LEAF's JSON (train/*.json, test/*.json) "
             "made by LEAF's data/femnist/preprocess.sh; point data_dir at that data folder.")
     data = load_leaf_femnist(root)
-    return _select_clients(data, choose_subset(len(data.client_indices), max_writers,
-                                               subset_seed))
+    eligible = [i for i, rows in enumerate(data.client_indices) if len(rows) >= min_samples]
+    if not eligible:
+        raise ValueError(f"no FEMNIST writer in {root} has min_samples={min_samples} training "
+                         "samples; lower min_samples")
+    chosen = choose_subset(len(eligible), max_writers, subset_seed)
+    return _select_clients(data, [eligible[i] for i in chosen])
 
