@@ -180,3 +180,62 @@ def test_resumed_run_equals_uninterrupted_run(fml_config, tmp_path):
     resumed = run(config.replace(run_dir=str(tmp_path)), progress=False)
     assert states_allclose(resumed.final_state, full.final_state, rtol=0, atol=0)
     assert resumed.metric("personal_accuracy") == full.metric("personal_accuracy")
+
+
+# ---- model heterogeneity (Fig. 5) and its independent-training reference ----------------------
+
+
+def test_personal_models_naming_the_shared_architecture_change_nothing(fml_config):
+    plain = run(fml_config.replace(rounds=2), progress=False)
+    named = run(fml_config.replace(rounds=2, personal_models="mlp"), progress=False)
+    assert states_allclose(plain.final_state, named.final_state, rtol=0, atol=0)
+    assert plain.metric("personal_accuracy") == named.metric("personal_accuracy")
+
+
+def test_heterogeneous_personal_models_with_a_equal_one_train_independently(fml_config):
+    """personal_weight = 1 is Fig. 5's reference: each personal model, whatever its
+    architecture, is plain local SGD on its own client from its own initialisation."""
+    from flnotes.algorithms.fml import initial_personal_state
+    from flnotes.engine.train import local_sgd
+    from flnotes.models import build_model
+
+    config = fml_config.replace(rounds=3, personal_weight=1.0, personal_models="cnn,mlp").resolved()
+    task = build_task(config)
+    strategy = build_strategy(config, initial_state(config, task))
+    expected = {}
+    for rnd in range(1, config.rounds + 1):
+        clients = sample_clients(config, rnd)
+        results = train_clients(task, strategy, rnd, clients, strategy.dispatch(rnd, clients),
+                                config)
+        strategy.aggregate(rnd, results)
+        for client in clients:
+            arch = "cnn" if client % 2 == 0 else "mlp"
+            start = expected.get(client)
+            if start is None:
+                start = initial_personal_state(task, config.seed, client, config.personal_models)
+            x, y = task.client_data(client)
+            expected[client], _ = local_sgd(
+                build_model(arch, task.num_classes, tuple(x.shape[1:])), start, x, y,
+                epochs=config.local_epochs, batch_size=config.batch_size, lr=config.lr,
+                momentum=config.momentum, weight_decay=config.weight_decay,
+                generator=client_generator(config, rnd, client), loss_fn=task.loss_fn)
+    assert sorted(expected) == sorted(strategy.personal)
+    for client, state in expected.items():
+        assert any("conv" in name for name in state) == (
+            client % 2 == 0)  # the architecture each client was given
+        assert states_allclose(strategy.personal[client], state, rtol=1e-5, atol=1e-6)
+    assert "personal_accuracy" in strategy.round_metrics(task)
+
+
+def test_heterogeneous_personal_models_run_on_the_vmap_backend_as_on_the_loop(fml_config):
+    config = fml_config.replace(rounds=2, personal_models="cnn,mlp")
+    loop = run(config.replace(backend="loop"), progress=False)
+    vmap = run(config.replace(backend="vmap"), progress=False)
+    assert states_allclose(loop.final_state, vmap.final_state, rtol=0, atol=0)
+
+
+def test_unknown_personal_model_is_one_line():
+    from flnotes.config import RunConfig
+
+    with pytest.raises(ValueError, match="personal_models.*did you mean 'lenet5'"):
+        RunConfig(algorithm="fml", personal_models="cnn,lenet")

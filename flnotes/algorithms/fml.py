@@ -26,6 +26,18 @@ Decisions where the paper (a short letter) is silent, and why:
 - Both optimisers start fresh every round (like every other method's local SGD), so a round
   depends only on its start states; the official code keeps the personal optimiser's
   momentum across rounds.
+
+Model heterogeneity (the title's "models"; Fig. 5): ``personal_models`` names the personal
+architecture, one name or a comma-separated list of which client i takes entry i mod n, as
+Fig. 5 gives each client its own model; unset, personal models share the global model's
+architecture. Only the logits meet (the KL terms), so any two classifiers of the same classes
+can learn from each other. Clients whose personal model differs from the shared one train on
+the reference loop (a stack holds one architecture per model slot).
+
+Independent training, Fig. 5's dashed reference, is ``personal_weight = 1``: the personal
+loss is then plain cross-entropy, and each personal model trains on its own client alone.
+Objective heterogeneity (Fig. 6: clients with different tasks, CIFAR-10 beside CIFAR-100)
+needs clients with different label sets and is not offered.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.engine.state import clone_state
+from flnotes.models import build_model
 from flnotes.rng import seeded_cpu_rng
 
 
@@ -78,10 +91,26 @@ def mutual_losses(
     return personal_loss, meme_loss, ce_personal, ce_meme
 
 
-def initial_personal_state(task, seed: int, client: int) -> OrderedDict[str, torch.Tensor]:
+def personal_architectures(spec: str | None) -> list[str]:
+    """The names in a ``personal_models`` setting (empty: the shared model's architecture)."""
+    return [name.strip() for name in spec.split(",")] if spec else []
+
+
+def personal_factory(task, spec: str | None, client: int):
+    """A builder of ``client``'s personal model: the task's model, or its own architecture."""
+    names = personal_architectures(spec)
+    if not names:
+        return task.model_factory
+    name = names[client % len(names)]
+    shape, device = tuple(task.train_x.shape[1:]), task.train_x.device
+    return lambda: build_model(name, task.num_classes, shape).to(device)
+
+
+def initial_personal_state(task, seed: int, client: int,
+                           spec: str | None = None) -> OrderedDict[str, torch.Tensor]:
     """A client's fresh personal model, seeded by (seed, client); the global RNG is restored."""
     with seeded_cpu_rng(seed, "fml-personal", client):
-        return clone_state(task.model_factory().state_dict())
+        return clone_state(personal_factory(task, spec, client)().state_dict())
 
 
 class FML(Strategy):
@@ -96,17 +125,33 @@ class FML(Strategy):
         super().__init__(config, global_state)
         self.personal: dict[int, OrderedDict[str, torch.Tensor]] = {}
         self._models: tuple | None = None  # (task, meme model, personal model), reused
+        self._personal_models: dict[str, nn.Module] = {}  # heterogeneous: one per architecture
 
-    def _two_models(self, task) -> tuple[nn.Module, nn.Module]:
-        """Two model instances for this task (built once; their weights are always loaded)."""
+    def _two_models(self, task, client: int | None = None) -> tuple[nn.Module, nn.Module]:
+        """The meme model and ``client``'s personal model (built once per task and
+        architecture; their weights are always loaded before use)."""
         if self._models is None or self._models[0] is not task:
             self._models = (task, task.model_factory(), task.model_factory())
-        return self._models[1], self._models[2]
+            self._personal_models = {}
+        names = personal_architectures(self.config.personal_models)
+        if client is None or not names:
+            return self._models[1], self._models[2]
+        name = names[client % len(names)]
+        if name not in self._personal_models:
+            self._personal_models[name] = personal_factory(
+                task, self.config.personal_models, client)()
+        return self._models[1], self._personal_models[name]
+
+    def heterogeneous(self) -> bool:
+        """Whether some personal model has another architecture than the shared model."""
+        names = personal_architectures(self.config.personal_models)
+        return any(name != self.config.model for name in names)
 
     def personal_state(self, task, client: int) -> OrderedDict[str, torch.Tensor]:
         """The client's personal model, created on first use."""
         if client not in self.personal:
-            self.personal[client] = initial_personal_state(task, self.config.seed, client)
+            self.personal[client] = initial_personal_state(
+                task, self.config.seed, client, self.config.personal_models)
         return self.personal[client]
 
     def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:
@@ -115,7 +160,7 @@ class FML(Strategy):
 
         cfg = self.config
         x, y = task.client_data(client)
-        meme, personal = self._two_models(task)
+        meme, personal = self._two_models(task, client)
         meme.load_state_dict(start)  # Alg. 1 l.8: fork the global model as the meme
         personal.load_state_dict(self.personal_state(task, client))
         meme.train()
@@ -143,10 +188,15 @@ class FML(Strategy):
                             extra={"personal_loss": mean(personal_ces)})
 
     def local_update_batched(self, task, round: int, clients: list[int], starts: list,
-                             config) -> list[ClientResult]:
-        """Every client's DML at once, as one stack (:mod:`flnotes.engine.batched.stacked`)."""
+                             config) -> list[ClientResult] | None:
+        """Every client's DML at once, as one stack (:mod:`flnotes.engine.batched.stacked`).
+
+        None (the reference loop trains them) when personal architectures differ.
+        """
         from flnotes.engine.batched.stacked import client_lanes, train_stacked  # (import cycle)
 
+        if self.heterogeneous():
+            return None
         personal = [self.personal_state(task, c) for c in clients]
         states, means = train_stacked(
             task, client_lanes(task, config, round, clients),
@@ -189,9 +239,9 @@ class FML(Strategy):
                 "has none: set client_test_fraction > 0 (FML's default is 0.1)")
         if not self.personal:
             return {"personal_clients": 0}
-        _, model = self._two_models(task)
         accuracies = []
         for client, state in sorted(self.personal.items()):
+            _, model = self._two_models(task, client)
             model.load_state_dict(state)
             x, y = task.client_test_data(client)
             result = task.evaluate_on(model, x, y, self.config.eval_batch_size)

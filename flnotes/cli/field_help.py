@@ -46,6 +46,8 @@ FIELD_HELP = {
     "segments": "FedMR-p: segments recombined as units (0: every layer is a segment)",
     "personal_weight": "FML a: cross-entropy weight in the personal model's loss, in [0, 1]",
     "meme_weight": "FML b: cross-entropy weight in the meme model's loss, in [0, 1]",
+    "personal_models": "FML: the personal models' architecture, one name or a comma-separated "
+                       "list (client i takes entry i mod n); default: the shared model's",
     # -- mutation-family baselines (issue 17)
     # -- FedUp-table baselines (issue 12)
     "seed": "seed of every random draw (split, sampling, initial model, batches)",

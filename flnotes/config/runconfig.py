@@ -73,6 +73,9 @@ class RunConfig:
     segments: int = 0  # FedMR-p: 0 means every layer is its own segment
     personal_weight: float = 0.5  # FML a: CE weight in the personal model's loss
     meme_weight: float = 0.5  # FML b: CE weight in the meme model's loss
+    # FML: personal architecture(s), "name" or "a,b,..." (client i takes entry i mod n);
+    # None: the shared model's (FML Fig. 5, model heterogeneity)
+    personal_models: str | None = None
     # -- mutation-family baselines (FedExP, FedSAM/FedASAM, FedNTD, ...): issue 17
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     # bookkeeping
@@ -226,6 +229,15 @@ def _problems(c: RunConfig):
         value = getattr(c, name)
         if value is not None and (not _is_number(value) or value < 0):
             yield bad(name, "must be a non-negative finite number")
+    if c.personal_models is not None:
+        from flnotes.models import model_names as architectures
+
+        names = c.personal_models.split(",") if isinstance(c.personal_models, str) else [None]
+        unknown = [n.strip() for n in names if not n or n.strip() not in architectures()]
+        if unknown or not isinstance(c.personal_models, str):
+            yield bad("personal_models", "one model name or a comma-separated list of "
+                      f"{architectures()}" + did_you_mean(str(unknown[0] if unknown else ""),
+                                                          architectures()))
     if not _is_number(c.momentum) or not 0 <= c.momentum < 1:
         yield bad("momentum", "must be in [0, 1)")
     for name in ("beta0", "qp_prob", "personal_weight", "meme_weight"):
