@@ -253,3 +253,47 @@ def test_indep_is_fedmr_moving_whole_models_and_reports_indepaggr(tiny_config):
     assert indep.metric("local_accuracy_max")[-1] == max(accuracies)
     mean = sum(accuracies) / len(accuracies)
     assert indep.metric("local_accuracy_mean")[-1] == pytest.approx(mean)
+
+
+# ---- App. B: secure recombination ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_a_secure_exchange_is_a_permutation_the_server_cannot_see_through(k):
+    """Every layer ends in exactly one model, and a model's layer may come from any client."""
+    from flnotes.algorithms.fedmr import secure_exchange_sources
+
+    g = torch_generator(0, "test-secure")
+    seen = [set() for _ in range(k)]
+    for _ in range(300):
+        sources = secure_exchange_sources(k, g)
+        assert sorted(sources) == list(range(k))
+        for i, source in enumerate(sources):
+            seen[i].add(source)
+    assert all(len(s) == k for s in seen)  # every client's layer can land in every model
+
+
+def test_secure_recombination_keeps_the_global_and_shuffles_the_kept_models(tiny_config):
+    config = tiny_config.replace(algorithm="fedmr", rounds=2, secure_exchanges=2,
+                                 record_states=True).resolved()
+    from flnotes.algorithms import build_strategy
+    from flnotes.engine.backends import train_clients
+    from flnotes.engine.sim import initial_state, sample_clients
+    from flnotes.engine.tasks import build_task
+
+    task = build_task(config)
+    strategy = build_strategy(config, initial_state(config, task))
+    clients = sample_clients(config, 1)
+    results = train_clients(task, strategy, 1, clients, strategy.dispatch(1, clients), config)
+    uploaded = [r.state for r in results]
+    strategy.aggregate(1, results)
+    kept = strategy.local_states
+    # The server's mean is the plain FedMR mean (a permutation changes only the sum order).
+    assert states_allclose(strategy.global_state, weighted_mean(uploaded, [1.0] * len(kept)),
+                           rtol=1e-6, atol=1e-7)
+    for name in float_names(uploaded[0]):
+        assert sorted(sources(kept, uploaded, name)) == list(range(len(kept)))
+    assert any(not states_allclose(a, b, 0, 0) for a, b in zip(kept, uploaded, strict=True))
+    # A whole run trains with it (the exchange draws from (seed, round): resumable).
+    history = run(config.replace(record_states=False), progress=False)
+    assert len(history.metric("accuracy")) == 2

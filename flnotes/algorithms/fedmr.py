@@ -31,6 +31,18 @@ Decisions where the paper leaves room:
   which tensors make up the vector; here every float layer except BatchNorm's running
   statistics, which are not weights (their variances would push every pair towards 1).
 
+Secure recombination (App. B, ``secure_exchanges`` > 0): before the upload, the round's
+clients swap layers among themselves so that the server receives recombined models and
+cannot tell whose layers it holds. One exchange, per float layer: each client sends its layer,
+with probability 1/2 (the appendix says "a part of its layers"), to one other client drawn
+uniformly; a receiver buffers what it gets beside its own layer if it kept it, and returns
+one uniformly drawn buffered layer to each sender; a client ends with its returned layer or
+what is left in its buffer. Every layer thus ends in exactly one model: an exchange is a
+per-layer permutation, so the mean the server reports is the same (to float rounding) and the
+next dispatch is still a recombination of the same layers. The appendix's public-key
+encryption of the exchanged layers protects them from the other clients and is not
+simulated. Integer buffers stay with their client.
+
 Indep (Sec. 3 and 5.4, Figs. 1 and 5), registered as ``indep``, is the paper's reference
 without recombination: the server shuffles the received local models whole and dispatches
 them without aggregation, i.e. FedMR-p with p = 1 from round 1. Its ``accuracy`` is that of
@@ -97,6 +109,46 @@ def recombine(
 RUNNING_STATS = ("running_mean", "running_var")
 
 
+def secure_exchange_sources(num_clients: int, generator: torch.Generator) -> list[int]:
+    """One layer's secure exchange (App. B stages 1-4): ``sources[i]`` is the client whose
+    layer client i holds afterwards; a permutation of range(num_clients)."""
+    if num_clients < 2:
+        return list(range(num_clients))
+    draw = lambda n: int(torch.randint(n, (), generator=generator))  # noqa: E731
+    # Stage 1: each client sends its layer, with probability 1/2, to one other client.
+    target = {}
+    for i in range(num_clients):
+        if float(torch.rand((), generator=generator)) < 0.5:
+            other = draw(num_clients - 1)
+            target[i] = other + (other >= i)  # uniform over the other clients
+    # Stage 2: a receiver buffers what it gets, beside its own layer if it kept it.
+    buffers = {j: ([] if j in target else [j]) for j in range(num_clients)}
+    senders = {j: [] for j in range(num_clients)}
+    for i, j in target.items():
+        buffers[j].append(i)
+        senders[j].append(i)
+    # Stage 3: each receiver returns one uniformly drawn buffered layer to each sender.
+    returned = {}
+    for j in range(num_clients):
+        for i in senders[j]:
+            returned[i] = buffers[j].pop(draw(len(buffers[j])))
+    # Stage 4: a sender holds what came back; any other client what is left in its buffer.
+    return [returned[i] if i in target else buffers[i][0] for i in range(num_clients)]
+
+
+def secure_exchange(states: Sequence[StateLike], exchanges: int,
+                    generator: torch.Generator) -> list[OrderedDict[str, torch.Tensor]]:
+    """The clients' models after ``exchanges`` secure exchanges of their float layers."""
+    models = [OrderedDict(s) for s in states]
+    for _ in range(exchanges):
+        for name in float_layer_names(models[0]):
+            sources = secure_exchange_sources(len(models), generator)
+            layers = [m[name] for m in models]
+            for i, model in enumerate(models):
+                model[name] = layers[sources[i]]
+    return models
+
+
 def mean_pairwise_cosine(states: Sequence[StateLike]) -> float:
     """Mean cosine similarity over all pairs of states' weight vectors (FedMR Fig. 6).
 
@@ -146,6 +198,12 @@ class FedMR(Strategy):
         """Keep the K local models for the next dispatch; report their mean as the global."""
         # The engine hands over fresh tensors and never changes them in place, so keeping
         # references (not copies) is safe and saves K model copies.
+        if self.config.secure_exchanges:  # App. B: the clients swap layers before upload
+            generator = torch_generator(self.config.seed, round, "secure-exchange")
+            exchanged = secure_exchange([r.state for r in results],
+                                        self.config.secure_exchanges, generator)
+            results = [ClientResult(r.client, s, r.num_samples, r.train_loss, r.extra)
+                       for r, s in zip(results, exchanged, strict=True)]
         self.local_states = [OrderedDict(r.state) for r in results]
         self.global_state = self.average(results)
         return self.global_state

@@ -44,6 +44,8 @@ FIELD_HELP = {
     "mutation": "FedQP mutation: sign (FedMut's) or gaussian",
     "stage1_rounds": "FedMR: rounds of plain FedAvg before recombination starts",
     "segments": "FedMR-p: segments recombined as units (0: every layer is a segment)",
+    "secure_exchanges": "FedMR: secure layer exchanges among the round's clients before "
+                        "upload (App. B), so the server cannot tell whose layers it holds; 0: off",
     "personal_weight": "FML a: cross-entropy weight in the personal model's loss, in [0, 1]",
     "meme_weight": "FML b: cross-entropy weight in the meme model's loss, in [0, 1]",
     "personal_models": "FML: the personal models' architecture, one name or a comma-separated "

@@ -71,6 +71,7 @@ class RunConfig:
     mutation: str = "sign"  # FedQP mutation: sign (FedMut's) or gaussian
     stage1_rounds: int = 0  # FedMR: rounds of plain FedAvg before recombination
     segments: int = 0  # FedMR-p: 0 means every layer is its own segment
+    secure_exchanges: int = 0  # FedMR App. B: secure layer exchanges among clients per round
     personal_weight: float = 0.5  # FML a: CE weight in the personal model's loss
     meme_weight: float = 0.5  # FML b: CE weight in the meme model's loss
     # FML: personal architecture(s), "name" or "a,b,..." (client i takes entry i mod n);
@@ -214,7 +215,7 @@ def _problems(c: RunConfig):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             yield bad(name, "must be a positive integer")
-    for name in ("min_client_size", "stage1_rounds", "segments", "seed"):
+    for name in ("min_client_size", "stage1_rounds", "segments", "seed", "secure_exchanges"):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             yield bad(name, "must be a non-negative integer")
