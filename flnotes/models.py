@@ -260,11 +260,17 @@ class CharLSTM(nn.Module):
         return self.fc(out[:, -1])
 
 
-def lstm(num_classes: int, input_shape: Shape) -> nn.Module:
+def lstm(num_classes: int, input_shape: Shape, hidden: int = 256,
+         name: str = "lstm") -> nn.Module:
     """Shakespeare LSTM; the vocabulary is the set of classes (80 characters in LEAF)."""
     if len(input_shape) != 1 or input_shape[0] < 1:
-        raise _bad_shape("lstm", input_shape, "(L,): a sequence of L token ids, e.g. (80,)")
-    return CharLSTM(num_classes)
+        raise _bad_shape(name, input_shape, "(L,): a sequence of L token ids, e.g. (80,)")
+    return CharLSTM(num_classes, hidden=hidden)
+
+
+def lstm_100(num_classes: int, input_shape: Shape) -> nn.Module:
+    """FedProx's (and FedUp's Sec. 6.4) Shakespeare model: embedding 8, 2 x LSTM 100."""
+    return lstm(num_classes, input_shape, hidden=100, name="lstm-100")
 
 
 # --- registry --------------------------------------------------------------------------------
@@ -277,6 +283,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet20": resnet20,
     "vgg16": vgg16,
     "lstm": lstm,
+    "lstm-100": lstm_100,
     "mlp": mlp,
     "lenet5": lenet5,
     "femnist-cnn": femnist_cnn,

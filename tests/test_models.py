@@ -61,6 +61,8 @@ CASES = {
     "resnet20": (CIFAR, 10, resnet_count(3, (16, 32, 64), (3, 3, 3), 10, False)),
     "vgg16": (CIFAR, 10, vgg16_count(3, 10)),
     "lstm": ((80,), 80, 80 * 8 + lstm_layer(8, 256) + lstm_layer(256, 256) + lin(256, 80)),
+    # FedProx's Shakespeare LSTM (FedUp Sec. 6.4): 100 hidden units.
+    "lstm-100": ((80,), 80, 80 * 8 + lstm_layer(8, 100) + lstm_layer(100, 100) + lin(100, 80)),
     "mlp": (MNIST, 10, lin(784, 200) + lin(200, 200) + lin(200, 10)),
     "lenet5": (
         MNIST,
@@ -76,7 +78,7 @@ def num_params(model: nn.Module) -> int:
 
 
 def batch(name: str, shape, num_classes: int, n: int = 2) -> torch.Tensor:
-    if name == "lstm":  # token ids; the vocabulary is the set of classes
+    if name.startswith("lstm"):  # token ids; the vocabulary is the set of classes
         return torch.randint(0, num_classes, (n, *shape))
     return torch.randn(n, *shape)
 

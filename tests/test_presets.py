@@ -15,7 +15,8 @@ from flnotes.models import build_model
 # be built without the data.
 SHAPES = {"cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
           "femnist": ((1, 28, 28), 62), "fashion-mnist": ((1, 28, 28), 10),
-          "mnist": ((1, 28, 28), 10), "synthetic": ((1, 28, 28), 10)}
+          "mnist": ((1, 28, 28), 10), "synthetic": ((1, 28, 28), 10),
+          "shakespeare": ((80,), 80)}
 PAPER_PRESETS = ["fedmut-paper", "fedmut-paper-resnet18", "fedmut-official",
                  "fedmut-official-cifar100", "fedqp-paper", "fedmr-paper",
                  "fedmr-paper-resnet20", "fml-paper", "fedup-paper", "fedup-paper-cifar100",
@@ -42,8 +43,9 @@ def test_preset_builds_a_valid_config(name):
         classes = 20
     model = build_model(config.model, classes, shape)
     model.eval()
+    inputs = torch.zeros(2, *shape, dtype=torch.long if len(shape) == 1 else torch.float)
     with torch.no_grad():
-        assert model(torch.zeros(2, *shape)).shape == (2, classes)
+        assert model(inputs).shape == (2, classes)
 
 
 @pytest.mark.parametrize("name", preset_names())
@@ -148,3 +150,15 @@ def test_the_presets_issue_15_found_missing():
         "femnist", "natural", 180, 0.1)
     assert femnist["data_options"] == {"max_writers": 180, "min_samples": 101}
     RunConfig.from_preset("fedmr-paper-femnist")  # its data options are the loader's
+
+
+def test_fedup_figure_presets():
+    # Sec. 6.3 / Fig. 2: 500 and 1020 of FEMNIST's 3400 clients per round.
+    for name, k in (("fedup-paper-femnist-500", 500), ("fedup-paper-femnist-1020", 1020)):
+        assert values(name, "dataset", "num_clients", "clients_per_round") == ("femnist", 3400, k)
+        assert values(name, "lr", "batch_size") == values("fedup-paper-femnist", "lr",
+                                                          "batch_size")
+    # Sec. 6.4 / Fig. 3: each role a client, a 2-layer LSTM with 100 hidden units.
+    assert values("fedup-paper-shakespeare", "dataset", "model", "partition") == (
+        "shakespeare", "lstm-100", "natural")
+

@@ -18,8 +18,8 @@ KEY = ["dataset", "model", "heterogeneity", "method"]
 DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "shakespeare": "Shakespeare",
                   "femnist": "FEMNIST", "mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
 MODEL_LABELS = {"cnn": "CNN", "resnet18": "ResNet-18", "resnet18-gn": "ResNet18",
-                "resnet20": "ResNet-20", "vgg16": "VGG-16", "lstm": "LSTM", "mlp": "MLP",
-                "lenet5": "LeNet5", "femnist-cnn": "CNN"}
+                "resnet20": "ResNet-20", "vgg16": "VGG-16", "lstm": "LSTM", "lstm-100": "LSTM",
+                "mlp": "MLP", "lenet5": "LeNet5", "femnist-cnn": "CNN"}
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedmut": "FedMut", "fedqp": "FedQP",
                  "fedmr": "FedMR", "fml": "FML", "fedup": "FedUp", "indep": "Indep",
                  # the baselines, as the papers' tables print them
