@@ -14,7 +14,13 @@ from typing import Any
 import yaml
 
 from flnotes.cli.field_help import FIELD_HELP
-from flnotes.cli.run import EXIT_INTERRUPTED, run_command
+from flnotes.cli.run import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    exit_code,
+    run_command,
+    terminate_like_ctrl_c,
+)
 from flnotes.config import (
     BACKENDS,
     COMPILE_MODES,
@@ -46,7 +52,12 @@ def _parse_option(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
-    parsed = yaml.safe_load(value)
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({problem}); "
+                                         "quote it, e.g. KEY='VALUE'") from None
     if isinstance(parsed, str):
         # YAML 1.1 reads 1e-3 (no dot) as text: take any number Python reads as a number.
         try:
@@ -196,19 +207,29 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
+def _one_line(err: Exception) -> str:
+    """An error's message on one line (YAML and JSON errors span several)."""
+    return " ".join(str(err).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m flnotes``."""
     args = parse_args(build_parser(), argv)
+    terminate_like_ctrl_c()
     tic = time.perf_counter()
     try:
         code = args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except OSError as err:  # a folder that cannot be written, a disk that is full, ...
+        where = f": {err.filename}" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:
         print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if code != EXIT_INTERRUPTED:
+        return exit_code(stop)
+    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         print(f"done in {time.perf_counter() - tic:.1f} s")
     return code
 

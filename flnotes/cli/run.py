@@ -5,8 +5,6 @@ Kept apart from :mod:`flnotes.cli.main`, which builds the parser and dispatches.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import sys
 from pathlib import Path
@@ -14,6 +12,29 @@ from pathlib import Path
 from flnotes.config import RunConfig
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: the run stops the same way
+    (folder marked interrupted, resume hint), and the command exits 143."""
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+
+
+def terminate_like_ctrl_c() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread (the command line's runs)."""
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
@@ -35,11 +56,11 @@ def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
 
     try:
         history = run(config, on_round=print_row)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         from flnotes.engine.sim import interruption_report
 
         print(interruption_report(config.run_dir), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exit_code(stop)
     if not printed and history.rows:  # a finished folder, reloaded: show what it holds
         go_on = ("raise --rounds to continue it, or delete the folder to run it again"
                  if history.status == "completed" else
@@ -75,11 +96,11 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
     try:
         histories = run_seeds(config, seeds)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         for seed in seeds:
             print(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}",
                   file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exit_code(stop)
     finals = []
     for seed, history in zip(seeds, histories, strict=True):
         metrics = run_metrics(history.metric("accuracy"))
@@ -107,16 +128,13 @@ def _number(value: float) -> str:
 def settings_digest(config: RunConfig) -> str:
     """6 hex digits of the settings that make a run folder's results what they are.
 
-    Leaves out what may change when resuming a folder (sim.RESUMABLE_CHANGES: rounds,
-    device, ...) and the seed (in the folder name): so a rerun with more rounds, or on a
-    GPU, finds the same folder, while another mu or lr gets a folder of its own.
+    :func:`flnotes.engine.sim.settings_hash` without the seed (which is in the folder name):
+    a rerun with more rounds, or on a GPU, finds the same folder, while another mu or lr
+    gets a folder of its own. The checkpoint inside carries the full hash, seed included.
     """
-    from flnotes.engine.sim import RESUMABLE_CHANGES
+    from flnotes.engine.sim import settings_hash
 
-    values = {k: v for k, v in config.resolved().to_dict().items()
-              if k not in RESUMABLE_CHANGES and k != "seed"}
-    text = json.dumps(values, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:6]
+    return settings_hash(config, seed=False)[:6]
 
 
 def default_run_name(config: RunConfig, seeds: bool = False) -> str:

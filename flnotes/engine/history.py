@@ -62,17 +62,63 @@ class History:
     def load(cls, run_dir: str | Path) -> History:
         """Read a run folder written by :func:`flnotes.engine.sim.run`."""
         run_dir = Path(run_dir)
-        meta = json.loads((run_dir / "run.json").read_text())
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                if line.strip()]
+        meta = read_run_json(run_dir / "run.json")
+        rows = read_metrics(run_dir / "metrics.jsonl")
         final = None
-        if (run_dir / "global_model.pt").exists():
-            # On the CPU, whatever device wrote it: a GPU run's folder opens anywhere.
-            final = torch.load(run_dir / "global_model.pt", map_location="cpu", weights_only=True)
+        model = run_dir / "global_model.pt"
+        if model.exists():
+            try:
+                # On the CPU, whatever device wrote it: a GPU run's folder opens anywhere.
+                final = torch.load(model, map_location="cpu", weights_only=True)
+            except Exception as err:  # truncated or garbage: torch raises many kinds
+                raise ValueError(f"{model} is damaged and cannot be read "
+                                 f"({type(err).__name__}); run the same config on the folder "
+                                 "again to rebuild it from the checkpoint") from None
         return cls(config=meta["config"], rows=rows, status=meta["status"],
                    environment=meta.get("environment", {}),
                    code_version=meta.get("code_version", ""), run_dir=str(run_dir),
                    final_state=final)
+
+
+def read_run_json(path: Path) -> dict[str, Any]:
+    """A run folder's run.json; ValueError naming the file if it is not what run() writes."""
+    try:
+        meta = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged (not JSON: {err})") from None
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) \
+            or not isinstance(meta.get("status"), str):
+        raise ValueError(f"{path} is damaged (not a run's record: no config or status)")
+    return meta
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's rows; ValueError naming the file and line of a row that is not JSON.
+
+    A half-written last line (a run killed mid-write) is left out: the next run of the
+    folder rewrites the file from its checkpoint.
+    """
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}"
+                         ) from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path} is damaged: line {number} is not JSON ({err})") from None
+        if not isinstance(row, dict) or "round" not in row:
+            raise ValueError(f"{path} is damaged: line {number} is not a round's metrics")
+        rows.append(row)
+    return rows
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:

@@ -6,13 +6,32 @@ round of the last checkpoint; environment, code version), ``checkpoint.pt`` and,
 end, ``global_model.pt``. Running a config on an existing folder resumes from the last
 checkpoint; because every random draw is derived from (seed, round, purpose), the
 resumed run ends in the same state as an uninterrupted one.
+
+What keeps a folder's results its own:
+
+- settings: ``checkpoint.pt`` carries the run's settings and their hash
+  (:func:`settings_hash`, all fields but RESUMABLE_CHANGES); a run under other settings is
+  refused, whether or not ``config.json`` is still there;
+- a lock: ``run.lock`` is held (``fcntl.flock``) while a run uses the folder, and a second
+  run is refused with the holder's pid and host; the kernel drops the lock when its holder
+  dies, so a killed run's folder is taken over at once;
+- rounds: a folder that holds more rounds than asked is refused (never a model of another
+  round count under a config.json that says otherwise);
+- the end: ``run.json`` says ``completed`` only once ``global_model.pt`` and the metrics are
+  written; a model found missing is rebuilt from the last checkpoint;
+- damaged files: a ``checkpoint.pt`` or ``config.json`` that cannot be read is a one-line
+  :class:`RunFolderError` naming the file (``run.json`` and ``metrics.jsonl`` are rewritten
+  from the checkpoint on resume).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +49,25 @@ from flnotes.rng import seeded_cpu_rng, torch_generator
 # Fields that may differ when resuming a run folder without changing its results.
 RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile", "run_dir",
                      "eval_batch_size", "download"}
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used for this run (one line: the folder or file, and why)."""
+
+
+def result_settings(config, *, seed: bool = True) -> dict:
+    """The settings that make a run's results what they are: every resolved field but
+    RESUMABLE_CHANGES (and, with ``seed=False``, the seed)."""
+    values = config.resolved().to_dict()
+    return {k: v for k, v in values.items()
+            if k not in RESUMABLE_CHANGES and (seed or k != "seed")}
+
+
+def settings_hash(config, *, seed: bool = True) -> str:
+    """sha256 (hex) of :func:`result_settings`: the same for a config that may resume a
+    folder (more rounds, another device), different for another lr, mu, ... or seed."""
+    text = json.dumps(result_settings(config, seed=seed), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def sample_clients(config, round: int) -> list[int]:
@@ -68,20 +106,50 @@ class Simulation:
         self.run_dir = Path(config.run_dir) if config.run_dir else None
         self.finished = False  # a completed or diverged folder: nothing left to run
         self.checkpoint_round = 0  # round of the folder's last checkpoint (0: none yet)
+        self._lock = None  # the open run.lock while this run holds its folder
+        # CPU threads of the start this run resumes, where they differ from this one's.
+        self.threads_changed: int | None = None
         if self.run_dir is not None:
-            history = self.history
-            self.start_round = _prepare_folder(self.run_dir, config, history, self.strategy)
-            self.checkpoint_round = self.start_round - 1
-            if history.status == "completed" and self.start_round > config.rounds:
-                history.final_state = self.strategy.global_state
-                self.finished = True
-            elif history.status == "diverged":
-                self.finished = True
-            else:
-                history.status = "running"
-                # An interrupted folder says "running" again (and where it runs now).
-                _write_meta(self.run_dir, history, self.checkpoint_round)
+            self._lock = lock_folder(self.run_dir)
+            try:
+                self._open_folder()
+            except BaseException:
+                self.release()
+                raise
         self.model = self.task.working_model()
+
+    def _open_folder(self) -> None:
+        config, history, run_dir = self.config, self.history, self.run_dir
+        self.start_round = _prepare_folder(run_dir, config, history, self.strategy)
+        self.checkpoint_round = self.start_round - 1
+        before = _starts(run_dir) if self.start_round > 1 else []
+        threads = history.environment.get("cpu_threads")
+        if before and before[-1].get("cpu_threads") not in (None, threads):
+            self.threads_changed = before[-1]["cpu_threads"]
+        this = {"round": self.start_round, "cpu_threads": threads,
+                "device": history.environment.get("device"), "code_version": history.code_version}
+        history.environment["starts"] = before  # a finished folder, reloaded: no new start
+        if history.status == "completed" and self.start_round > config.rounds:
+            history.final_state = self.strategy.global_state
+            self.finished = True
+            # A run killed between its last checkpoint and its model, or a deleted model:
+            # rebuilt from the checkpoint, which holds the same state.
+            if not (run_dir / "global_model.pt").exists():
+                _atomic_save(self.strategy.global_state, run_dir / "global_model.pt")
+            _write_meta(run_dir, history, self.checkpoint_round)
+        elif history.status == "diverged":
+            self.finished = True
+        else:
+            history.environment["starts"] = [*before, this]
+            history.status = "running"
+            # An interrupted folder says "running" again (and where it runs now).
+            _write_meta(run_dir, history, self.checkpoint_round)
+
+    def release(self) -> None:
+        """Let go of the run folder's lock (a finished, interrupted or failed run)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     @property
     def resumed(self) -> bool:
@@ -122,29 +190,41 @@ class Simulation:
         if self.run_dir is not None:
             _append_row(self.run_dir, row)
             if history.status != "diverged" and rnd % config.checkpoint_every == 0:
-                _save_checkpoint(self.run_dir, rnd, strategy, history)
+                _save_checkpoint(self.run_dir, rnd, strategy, history, config)
                 self.checkpoint_round = rnd
         return row
 
     def interrupt(self) -> None:
-        """Record that the run was stopped (Ctrl-C): status "interrupted" in run.json too."""
+        """Record that the run was stopped (Ctrl-C, SIGTERM): status "interrupted" in run.json
+        too, and let go of the folder."""
         self.history.status = "interrupted"
-        if self.run_dir is not None:
+        if self.run_dir is not None and self._lock is not None:
             _write_meta(self.run_dir, self.history, self.checkpoint_round)
+        self.release()
 
     def finish(self) -> History:
-        """Mark the run completed (unless it diverged), save the last checkpoint and model."""
+        """Mark the run completed (unless it diverged), save the last checkpoint and model.
+
+        Written in this order: checkpoint, global_model.pt, then run.json's status; a kill
+        in between leaves run.json "running", and the next run rebuilds the model from the
+        checkpoint.
+        """
         history = self.history
         if self.finished:
+            self.release()
             return history
         if history.status == "running":
             history.status = "completed"
         history.final_state = self.strategy.global_state
         if self.run_dir is not None:
             last = history.rows[-1]["round"] if history.rows else 0
-            _save_checkpoint(self.run_dir, last, self.strategy, history)
+            _save_checkpoint(self.run_dir, last, self.strategy, history, self.config,
+                             meta=False)
             _atomic_save(self.strategy.global_state, self.run_dir / "global_model.pt")
+            self.checkpoint_round = last
+            _write_meta(self.run_dir, history, last)
         self.finished = True
+        self.release()
         return history
 
 
@@ -158,12 +238,23 @@ def run(config, *, progress: bool = True, task=None,
     re-raises the KeyboardInterrupt; running the config again resumes from the checkpoint.
     """
     sim = Simulation(config, task=task)
+    try:
+        return _run_rounds(sim, progress, on_round)
+    finally:
+        sim.release()
+
+
+def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
     if sim.finished:
-        return sim.history
+        return sim.finish()
     config = sim.config
     if sim.resumed and progress:
         tqdm.write(f"resuming {sim.run_dir} from round {sim.checkpoint_round}, its last "
                    f"checkpoint (rounds {sim.start_round}-{config.rounds} to run)")
+        if sim.threads_changed is not None and sim.model is not None:
+            tqdm.write(f"warning: {sim.run_dir} began with {sim.threads_changed} CPU threads "
+                       f"and goes on with {sim.history.environment.get('cpu_threads')}: CPU "
+                       "results may differ in the last bits (run.json records each start)")
     bar = tqdm(range(sim.start_round, config.rounds + 1), desc=config.algorithm,
                disable=not progress, initial=sim.start_round - 1, total=config.rounds)
     try:
@@ -197,7 +288,10 @@ def interruption_report(run_dir: str | Path) -> str:
     meta_file = run_dir / "run.json"
     if not meta_file.exists():
         return "interrupted before the first round; run the same command again to start over"
-    meta = json.loads(meta_file.read_text())
+    try:
+        meta = _read_json(meta_file)
+    except RunFolderError as err:
+        return f"{err}; run the same command again to resume from the last checkpoint"
     if meta.get("status") in ("completed", "diverged"):  # e.g. a seed that finished first
         return f"{meta['status']}; nothing to resume"
     last = _last_logged_round(run_dir / "metrics.jsonl")
@@ -238,34 +332,159 @@ def _mean_extras(results) -> dict[str, float]:
 
 
 # ---- run folder --------------------------------------------------------------------
+def lock_folder(run_dir: Path):
+    """Create the folder and hold its ``run.lock``; refuse if another run holds it.
+
+    ``fcntl.flock`` is dropped by the kernel when the holder's process ends, however it
+    ends, so a lock left by a killed run is taken over without a word. Returns the open
+    lock file (closing it lets go).
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"run folder {run_dir} is a file, not a folder; choose another "
+                             "run_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / "run.lock", "a+")
+    except OSError as err:
+        raise RunFolderError(f"cannot use run folder {run_dir}: {_os_reason(err)}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunFolderError(f"run folder {run_dir} is in use by {holder}; wait for that run "
+                             "to end, or choose another run_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                 f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    handle.flush()
+    return handle
+
+
+def _os_reason(err: OSError) -> str:
+    """'Is a directory', 'Permission denied', ...: an OSError without its errno prefix."""
+    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+    return f"{err.strerror or err}{where}"
+
+
+def _differences(stored: dict, wanted: dict, defaults: dict) -> list[str]:
+    """'field: stored != wanted' for each result setting that differs.
+
+    A field one side lacks counts as its default (a folder written before the field existed).
+    """
+    out = []
+    for k in sorted(set(stored) | set(wanted)):
+        if k in RESUMABLE_CHANGES:
+            continue
+        a, b = stored.get(k, defaults.get(k)), wanted.get(k, defaults.get(k))
+        if a != b:
+            out.append(f"{k}: {a!r} != {b!r}")
+    return out
+
+
+def _field_defaults(config) -> dict:
+    import dataclasses
+
+    return {f.name: f.default for f in dataclasses.fields(config)
+            if f.default is not dataclasses.MISSING}
+
+
+def _read_json(path: Path, what: str = "") -> dict:
+    """A JSON object from a run folder's file, or RunFolderError naming the file."""
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RunFolderError(f"{path} is damaged (not JSON: {err}){what}") from None
+    except OSError as err:
+        raise RunFolderError(f"cannot read {path}: {_os_reason(err)}") from None
+    if not isinstance(value, dict):
+        raise RunFolderError(f"{path} is damaged (a JSON {type(value).__name__}, not an "
+                             f"object){what}")
+    return value
+
+
+def _load_checkpoint(checkpoint: Path, config) -> dict:
+    """checkpoint.pt, checked: readable, complete, written under these settings."""
+    fix = "; delete it (or the run folder) to start the run over"
+    try:
+        # Onto this run's device: a run checkpointed on a GPU resumes on a CPU and vice versa.
+        saved = torch.load(checkpoint, map_location=resolve_device(config.device),
+                           weights_only=True)
+    except Exception as err:  # truncated, empty, garbage: torch raises many kinds
+        reason = " ".join(str(err).split())
+        reason = reason if 0 < len(reason) <= 100 else ""
+        raise RunFolderError(f"{checkpoint} is damaged and cannot be read "
+                             f"({type(err).__name__}{': ' + reason if reason else ''}){fix}"
+                             ) from None
+    missing = [k for k in ("round", "strategy", "rows", "status")
+               if not isinstance(saved, dict) or k not in saved]
+    if missing:
+        raise RunFolderError(f"{checkpoint} is damaged: no {', '.join(missing)} in it{fix}")
+    if "settings_hash" in saved and saved["settings_hash"] != settings_hash(config):
+        differing = _differences(saved.get("settings") or {}, result_settings(config),
+                                 _field_defaults(config))
+        if differing or not saved.get("settings"):
+            details = ", ".join(differing) or "settings hash differs"
+            raise RunFolderError(
+                f"{checkpoint} was written by a run with other settings ({details}); "
+                "choose another run_dir or delete that folder")
+    return saved
+
+
 def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
-    """Create the folder, or check it holds this config and resume; returns the next round."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Check the (locked) folder holds this config and resume, or start it; returns the
+    next round. Nothing is written before every check has passed."""
     config_file = run_dir / "config.json"
     if config_file.exists():
-        stored = json.loads(config_file.read_text())
-        wanted = config.to_dict()
-        differing = sorted(k for k in set(stored) | set(wanted)
-                           if k not in RESUMABLE_CHANGES and stored.get(k) != wanted.get(k))
+        stored = _read_json(config_file, "; delete it (the checkpoint keeps the settings) "
+                                         "or the run folder")
+        differing = _differences(stored, config.to_dict(), _field_defaults(config))
         if differing:
-            details = ", ".join(f"{k}: {stored.get(k)!r} != {wanted.get(k)!r}" for k in differing)
-            raise ValueError(f"run folder {run_dir} holds a different run ({details}); "
-                             f"choose another run_dir or delete that folder")
-    config_file.write_text(config.to_json())
+            raise RunFolderError(f"run folder {run_dir} holds a different run "
+                                 f"({', '.join(differing)}); choose another run_dir or "
+                                 "delete that folder")
     checkpoint = run_dir / "checkpoint.pt"
-    if not checkpoint.exists():
-        (run_dir / "metrics.jsonl").write_text("")
-        _write_meta(run_dir, history, 0)
-        return 1
-    # Onto this run's device: a run checkpointed on a GPU resumes on a CPU and vice versa.
-    saved = torch.load(checkpoint, map_location=resolve_device(config.device),
-                       weights_only=True)
-    strategy.load_state_dict(saved["strategy"])
-    history.rows = list(saved["rows"])
-    history.status = saved["status"]
-    # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history.rows))
+    saved = _load_checkpoint(checkpoint, config) if checkpoint.exists() else None
+    if saved is not None and int(saved["round"]) > config.rounds:
+        held = int(saved["round"])
+        raise RunFolderError(
+            f"run folder {run_dir} holds {held} rounds (its checkpoint), more than the "
+            f"{config.rounds} asked; ask for rounds >= {held} to resume or reload it, or "
+            "choose another run_dir for a shorter run")
+    try:
+        config_file.write_text(config.to_json())
+        if saved is None:
+            (run_dir / "metrics.jsonl").write_text("")
+            _write_meta(run_dir, history, 0)
+            return 1
+        strategy.load_state_dict(saved["strategy"])
+        history.rows = list(saved["rows"])
+        history.status = saved["status"]
+        # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
+        _write_text(run_dir / "metrics.jsonl",
+                    "".join(json.dumps(r) + "\n" for r in history.rows))
+    except OSError as err:
+        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
+                             ) from None
     return int(saved["round"]) + 1
+
+
+def _starts(run_dir: Path) -> list[dict]:
+    """Each earlier start of a resumed folder (round, CPU threads, device), from run.json.
+
+    run.json is rewritten from the checkpoint on every start: one that cannot be read is
+    no loss but its list of starts.
+    """
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        env = meta.get("environment") or {}
+        starts = env.get("starts") or [{"round": 1, "cpu_threads": env.get("cpu_threads"),
+                                        "device": env.get("device")}]
+        return [s for s in starts if isinstance(s, dict)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
 
 
 def _append_row(run_dir: Path, row: dict) -> None:
@@ -282,15 +501,23 @@ def _write_meta(run_dir: Path, history: History, checkpoint_round: int) -> None:
 
 def _write_json(path: Path, obj: dict) -> None:
     """Write to a temporary file and rename: a Ctrl-C mid-write must not leave half a file."""
+    _write_text(path, json.dumps(obj, indent=2))
+
+
+def _write_text(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History) -> None:
+def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History, config,
+                     meta: bool = True) -> None:
+    """checkpoint.pt: the strategy, the rows, the status and the settings it belongs to."""
     _atomic_save({"round": rnd, "strategy": strategy.state_dict(), "rows": history.rows,
-                  "status": history.status}, run_dir / "checkpoint.pt")
-    _write_meta(run_dir, history, rnd)
+                  "status": history.status, "settings": result_settings(config),
+                  "settings_hash": settings_hash(config)}, run_dir / "checkpoint.pt")
+    if meta:
+        _write_meta(run_dir, history, rnd)
 
 
 def _atomic_save(obj, path: Path) -> None:
