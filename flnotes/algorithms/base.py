@@ -2,13 +2,17 @@
 
 A round is: ``dispatch`` (the state each sampled client starts from), local training (by
 a backend in :mod:`flnotes.engine.train`, adding ``local_penalty`` to the loss, or the
-strategy's own ``local_update``), then ``aggregate`` (the new global state). A strategy
+strategy's own ``local_update``), then ``aggregate`` (the new global state). Local training
+has two more hooks: ``local_gradient`` (how a step's gradient is taken: FedSAM's two
+passes) and ``teacher_loss`` (a term from a detached teacher's outputs on the same batch:
+FedNTD's distillation from the dispatched model). A strategy
 sees models only as states, so it runs unchanged on the 2-parameter toy and on a ResNet.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +43,10 @@ class Strategy:
     custom_local_update = False
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
+    # True when local_gradient takes each local step's gradient its own way (FedSAM).
+    has_local_gradient = False
+    # True when teacher_loss adds a term from a detached teacher's outputs (FedNTD).
+    has_teacher = False
 
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()
@@ -69,6 +77,30 @@ class Strategy:
         backend leaves out its entries for buffers (BatchNorm statistics), so read only
         the entries of trainable parameters and your own extra ones.
         """
+        return None
+
+    def local_gradient(self, params: dict[str, torch.Tensor],
+                       closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Leave in each parameter's ``.grad`` the gradient this local step applies.
+
+        ``closure()`` zeroes the gradients, runs forward and backward at the parameters'
+        current values and returns the batch's empirical loss; the optimizer (SGD with the
+        config's momentum and weight decay) then steps from wherever the parameters are
+        when this returns, so a method that moves them (SAM's ascent) must put them back.
+        Returns the loss to report. Default: one closure call, plain SGD. Used only when
+        ``has_local_gradient`` is True.
+        """
+        return closure()
+
+    def teacher_state(self, start: dict[str, torch.Tensor],
+                      client: int) -> dict[str, torch.Tensor]:
+        """The state of the teacher ``teacher_loss`` sees: by default the dispatched model."""
+        return start
+
+    def teacher_loss(self, outputs: torch.Tensor, targets: torch.Tensor,
+                     teacher_outputs: torch.Tensor) -> torch.Tensor | None:
+        """Extra local loss term from the teacher's outputs on the same batch (no gradient
+        flows into the teacher, which runs in eval mode). Used when ``has_teacher`` is True."""
         return None
 
     def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:

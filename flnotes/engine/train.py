@@ -63,10 +63,16 @@ def local_sgd(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     penalty: Callable[[dict, dict], torch.Tensor | None] | None = None,
     anchor: dict[str, torch.Tensor] | None = None,
+    local_gradient: Callable[[dict, Callable], torch.Tensor] | None = None,
+    teacher: nn.Module | None = None,
+    teacher_loss: Callable | None = None,
 ) -> tuple[OrderedDict[str, torch.Tensor], float]:
     """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss.
 
     ``penalty(params, anchor)`` is added to the loss; ``anchor`` defaults to ``start``.
+    ``teacher_loss(outputs, targets, teacher_outputs)`` is added too, with ``teacher``'s
+    outputs on the batch (computed without gradient). ``local_gradient(params, closure)``
+    takes each step's gradient (Strategy.local_gradient); None: one backward, plain SGD.
     """
     model.load_state_dict(start)
     model.train()
@@ -75,14 +81,30 @@ def local_sgd(
     opt = torch.optim.SGD(params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     losses = []
     for idx in batch_schedule(len(y), epochs, batch_size, generator, x.device):
-        loss = loss_fn(model(x[idx]), y[idx])
-        total = loss
-        if penalty is not None:
-            extra = penalty(params, anchor)
-            if extra is not None:
-                total = loss + extra
-        opt.zero_grad(set_to_none=True)
-        total.backward()
+        xb, yb = x[idx], y[idx]
+        teacher_out = None
+        if teacher is not None:
+            with torch.no_grad():
+                teacher_out = teacher(xb)
+
+        def closure(xb=xb, yb=yb, teacher_out=teacher_out) -> torch.Tensor:
+            """Forward and backward at the current weights; the batch's empirical loss."""
+            out = model(xb)
+            loss = loss_fn(out, yb)
+            total = loss
+            if penalty is not None:
+                extra = penalty(params, anchor)
+                if extra is not None:
+                    total = loss + extra
+            if teacher_out is not None:
+                extra = teacher_loss(out, yb, teacher_out)
+                if extra is not None:
+                    total = total + extra
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            return loss
+
+        loss = closure() if local_gradient is None else local_gradient(params, closure)
         opt.step()
         losses.append(loss.detach())
     mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
@@ -95,6 +117,12 @@ def train_clients_loop(
     """Reference backend: train the sampled clients one after another."""
     model = task.working_model()  # every client loads its start state into it
     penalty = strategy.local_penalty if strategy.has_penalty else None
+    local_gradient = strategy.local_gradient if strategy.has_local_gradient else None
+    # FedNTD's teacher: a second model, in eval mode and without gradients, that loads
+    # each client's teacher state (the dispatched model).
+    teacher = None
+    if strategy.has_teacher and not strategy.custom_local_update:
+        teacher = task.model_factory().eval().requires_grad_(False)
     results = []
     for client, start in zip(clients, starts, strict=True):
         generator = client_generator(config, round, client)
@@ -102,11 +130,15 @@ def train_clients_loop(
             results.append(strategy.local_update(task, client, start, generator))
             continue
         x, y = task.client_data(client)
+        if teacher is not None:
+            teacher.load_state_dict(strategy.teacher_state(start, client))
         state, loss = local_sgd(
             model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
             lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
             generator=generator, loss_fn=task.loss_fn, penalty=penalty,
             anchor=strategy.penalty_anchor(start, client) if penalty is not None else None,
+            local_gradient=local_gradient, teacher=teacher,
+            teacher_loss=strategy.teacher_loss if teacher is not None else None,
         )
         results.append(ClientResult(client, state, len(y), loss))
     return results

@@ -28,6 +28,7 @@ so with weight decay such a parameter would still decay here.
 from __future__ import annotations
 
 import types
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -43,7 +44,7 @@ from flnotes.engine.batched.functional import (
     vmap_ready,
 )
 from flnotes.engine.batched.schedule import build_schedule, masked_loss, step_means
-from flnotes.engine.train import client_generator
+from flnotes.engine.train import client_generator, train_clients_loop
 
 
 def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callable:
@@ -69,6 +70,9 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
     all: each lane brings its own data, batch order and penalty anchor.
     """
     task, strategy, config = groups[0][:3]
+    if not stacks(strategy):  # FedSAM, FedNTD: their groups train on the reference loop
+        return [train_clients_loop(*group[:2], round, group[3], group[4], group[2])
+                for group in groups]
     penalty = strategy.local_penalty if strategy.has_penalty else None
     lanes, starts, anchors = [], [], []
     for group_task, group_strategy, group_config, clients, group_starts in groups:
@@ -86,6 +90,26 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
                                  means[lane + k][0]) for k, c in enumerate(clients)])
         lane += len(clients)
     return out
+
+
+_NOTED: set[str] = set()  # strategies whose fall-back to the loop was already announced
+
+
+def stacks(strategy) -> bool:
+    """Whether the stack trains this strategy's clients; if not, say once that the loop does.
+
+    The stacked step has neither a second forward-backward pass per step
+    (``Strategy.local_gradient``, FedSAM) nor a teacher model (``Strategy.teacher_loss``,
+    FedNTD); such a strategy's clients train on the loop backend, whose results the stack
+    would only have reproduced.
+    """
+    if not (strategy.has_local_gradient or strategy.has_teacher):
+        return True
+    if strategy.name not in _NOTED:
+        _NOTED.add(strategy.name)
+        warnings.warn(f"flnotes: {strategy.name} has no batched training step; its clients "
+                      "train on the loop backend (the reference, same results)", stacklevel=3)
+    return False
 
 
 def client_lanes(task, config, round: int, clients: list[int]) -> list[tuple]:
