@@ -19,6 +19,10 @@ _REGISTRY = {
     "fml": "flnotes.algorithms.fml:FML",
     "fedup": "flnotes.algorithms.fedup:FedUp",
     # baselines of the FedMut, FedQP and FedMR tables (issue 17)
+    "fedexp": "flnotes.algorithms.fedexp:FedExP",
+    "fedsam": "flnotes.algorithms.fedsam:FedSAM",
+    "fedasam": "flnotes.algorithms.fedsam:FedASAM",
+    "fedntd": "flnotes.algorithms.fedntd:FedNTD",
     # baselines of FedUp's tables (issue 12)
 }
 

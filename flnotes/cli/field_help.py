@@ -51,6 +51,12 @@ FIELD_HELP = {
     "personal_models": "FML: the personal models' architecture, one name or a comma-separated "
                        "list (client i takes entry i mod n); default: the shared model's",
     # -- mutation-family baselines (issue 17)
+    "fedexp_eps": "FedExP: eps in the server step size max(1, sum p_i|D_i|^2 / 2(|D|^2 + eps))",
+    "fedexp_average": "FedExP: evaluate and return the mean of the last two server iterates",
+    "sam_rho": "FedSAM/FedASAM: ascent radius rho (default: 0.05 FedSAM, 0.5 FedASAM)",
+    "asam_eta": "FedASAM: eta in the adaptive scale T_w = |w| + eta",
+    "ntd_beta": "FedNTD: weight of the not-true distillation loss (0: FedAvg)",
+    "ntd_tau": "FedNTD: softmax temperature of the not-true distillation",
     # -- FedUp-table baselines (issue 12)
     "seed": "seed of every random draw (split, sampling, initial model, batches)",
     "eval_every": "evaluate the global model every this many rounds (and at the last)",

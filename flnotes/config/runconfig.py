@@ -78,6 +78,12 @@ class RunConfig:
     # None: the shared model's (FML Fig. 5, model heterogeneity)
     personal_models: str | None = None
     # -- mutation-family baselines (FedExP, FedSAM/FedASAM, FedNTD, ...): issue 17
+    fedexp_eps: float = 1e-3  # FedExP eps of the server step size (its CIFAR value)
+    fedexp_average: bool = True  # FedExP: evaluate the mean of the last two iterates
+    sam_rho: float | None = None  # FedSAM/FedASAM radius; None: 0.05 (SAM) / 0.5 (ASAM)
+    asam_eta: float = 0.01  # FedASAM: T_w = |w| + eta (ASAM's default)
+    ntd_beta: float = 1.0  # FedNTD distillation weight (authors' config)
+    ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     # bookkeeping
     seed: int = 0
@@ -251,6 +257,17 @@ def _problems(c: RunConfig):
         yield bad("client_test_fraction", "must be in [0, 1) (or None for the default)")
     if not isinstance(c.device, str) or not _valid_device(c.device):
         yield bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    # mutation-family baselines (issue 17)
+    for name in ("fedexp_eps", "ntd_tau"):
+        if not _is_number(getattr(c, name)) or getattr(c, name) <= 0:
+            yield bad(name, "must be a positive finite number")
+    for name in ("sam_rho", "asam_eta", "ntd_beta"):
+        value = getattr(c, name)
+        if (value is not None or name != "sam_rho") and (not _is_number(value) or value < 0):
+            yield bad(name, "must be a non-negative finite number"
+                      + (" (or None for the default)" if name == "sam_rho" else ""))
+    if not isinstance(c.fedexp_average, bool):
+        yield bad("fedexp_average", "must be true or false")
 
 
 def _is_number(value: Any) -> bool:
