@@ -240,12 +240,21 @@ def test_idx_download_goes_through_torchvision(tmp_path, monkeypatch):
 
 def test_missing_idx_lists_places_and_hints(tmp_path, monkeypatch):
     monkeypatch.setattr(vision, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
+    monkeypatch.setenv("FLNOTES_DATA", str(tmp_path / "default"))
+    (tmp_path / "default").mkdir()
     with pytest.raises(FileNotFoundError) as err:
-        load_dataset("fashion-mnist", data_dir=tmp_path / "empty")
+        load_dataset("fashion-mnist")
     msg = str(err.value)
-    for place in ("empty", "empty/FashionMNIST/raw", "no-debian"):
+    for place in ("default", "default/FashionMNIST/raw", "no-debian"):
         assert str(tmp_path / place) in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "download=True" in msg
+    # A data_dir named is the one read (issue 13): neither the system copy nor a fallback.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as err:
+        load_dataset("fashion-mnist", data_dir=tmp_path / "empty")
+    assert "no-debian" not in str(err.value) and str(tmp_path / "empty") in str(err.value)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_dataset("fashion-mnist", data_dir=tmp_path / "typo")
 
 
 @pytest.mark.parametrize("damage", ["magic", "truncated", "bad-gzip"])
@@ -268,8 +277,9 @@ def test_corrupt_idx_raises_naming_the_file(tmp_path, damage):
 @pytest.mark.skipif(
     not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist absent"
 )
-def test_real_fashion_mnist_from_debian(tmp_path):
-    d = load_dataset("fashion-mnist", data_dir=tmp_path / "empty")
+def test_real_fashion_mnist_from_debian(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLNOTES_DATA", str(tmp_path / "empty"))  # no data_dir: the default
+    d = load_dataset("fashion-mnist")
     assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
     assert torch.equal(d.train_y.bincount(), torch.full((10,), 6000))
     assert abs(d.train_x.mean().item()) < 0.01 and abs(d.train_x.std().item() - 1) < 0.01

@@ -10,31 +10,13 @@ import sys
 from pathlib import Path
 
 from flnotes.config import RunConfig
-
-EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
-EXIT_TERMINATED = 143  # 128 + SIGTERM
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: the run stops the same way
-    (folder marked interrupted, resume hint), and the command exits 143."""
-
-
-def exit_code(stop: KeyboardInterrupt) -> int:
-    """The exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
-    return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
-
-
-def terminate_like_ctrl_c() -> None:
-    """Make SIGTERM raise :class:`Terminated` in the main thread (the command line's runs)."""
-    import signal
-    import threading
-
-    def handler(signum, frame):
-        raise Terminated()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
+from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses)
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    exit_code,
+    terminate_like_ctrl_c,
+)
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
@@ -94,6 +76,10 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
 
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
+    from flnotes.engine.sim import ignored_settings
+
+    for line in ignored_settings(config):
+        print(line, file=sys.stderr)
     try:
         histories = run_seeds(config, seeds)
     except KeyboardInterrupt as stop:

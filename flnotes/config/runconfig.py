@@ -188,6 +188,12 @@ def _problems(c: RunConfig):
     def bad(name: str, allowed: str) -> str:
         return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
 
+    # numpy scalars (a grid or a notebook's np.arange) are taken as the Python number they
+    # hold: np.int64(2) is an int here, and the config stays JSON-able.
+    for f in fields(c):
+        value = getattr(c, f.name)
+        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+            object.__setattr__(c, f.name, value.item())
     if c.algorithm not in algorithm_names():
         yield bad("algorithm", f"registered algorithms are {algorithm_names()}"
                   + did_you_mean(c.algorithm, algorithm_names()))
@@ -197,6 +203,12 @@ def _problems(c: RunConfig):
     if c.model is not None and c.model not in model_names():
         yield bad("model", f"registered models are {model_names()}"
                   + did_you_mean(c.model, model_names()))
+    elif c.dataset == "toy" and c.model not in (None, "toy"):
+        yield bad("model", "the toy dataset trains its own 2-parameter model ('toy'); leave "
+                  "model unset (or 'toy')")
+    elif c.model == "toy" and c.dataset != "toy":
+        yield bad("model", "'toy' is the toy dataset's 2-parameter model; choose one of "
+                  f"{sorted(set(model_names()) - {'toy'})}")
     if c.partition not in PARTITIONS:
         yield bad("partition", f"choose one of {list(PARTITIONS)}")
     if c.backend not in BACKENDS:

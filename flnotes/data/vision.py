@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flnotes.data.tensors import TensorData, default_cache_dir
+from flnotes.data.tensors import TensorData, default_cache_dir, default_data_dir
 
 # Per-channel statistics of the training sets (the usual published values).
 MEAN_STD = {
@@ -284,7 +284,16 @@ def load_idx_dataset(
     _mean_std(name, normalize)  # a wrong value fails before any file is read
     tv_name = "FashionMNIST" if name == "fashion-mnist" else "MNIST"
     dirs = [data_dir, data_dir / tv_name / "raw"]  # the second is torchvision's layout
-    if name == "fashion-mnist":
+    chosen = Path(data_dir).expanduser() != default_data_dir()
+    if chosen and not download and not Path(data_dir).is_dir():
+        # A data_dir given but missing (a typo): never fall back to another copy unasked.
+        raise FileNotFoundError(f"data_dir {data_dir} does not exist (asked for {name}); "
+                                "fix the path, or leave data_dir unset to use the default "
+                                f"({default_data_dir()}"
+                                + (f", then {DEBIAN_FASHION_MNIST})" if name == "fashion-mnist"
+                                   else ")"))
+    if name == "fashion-mnist" and not chosen:
+        # The system copy only when no data_dir was given: a data_dir named is the one read.
         dirs.append(DEBIAN_FASHION_MNIST)
     files = _find_idx_dir(dirs)
     if files is None and download:

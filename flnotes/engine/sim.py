@@ -32,6 +32,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -244,10 +245,23 @@ def run(config, *, progress: bool = True, task=None,
         sim.release()
 
 
+def ignored_settings(config) -> list[str]:
+    """Warnings for settings a run would silently not use (the command line prints them)."""
+    lines = []
+    if config.algorithm == "fedmr" and config.stage1_rounds >= config.rounds:
+        lines.append(f"warning: FedMR's stage1_rounds={config.stage1_rounds} is not below "
+                     f"rounds={config.rounds}: every round of this run is plain FedAvg, with "
+                     "no recombination (lower --stage1-rounds or raise --rounds)")
+    return lines
+
+
 def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
     if sim.finished:
         return sim.finish()
     config = sim.config
+    if progress:
+        for line in ignored_settings(config):
+            tqdm.write(line, file=sys.stderr)
     if sim.resumed and progress:
         tqdm.write(f"resuming {sim.run_dir} from round {sim.checkpoint_round}, its last "
                    f"checkpoint (rounds {sim.start_round}-{config.rounds} to run)")
@@ -276,6 +290,32 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
         raise
     bar.close()
     return sim.finish()
+
+
+EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: the run stops the same way
+    (folder marked interrupted, resume hint), and the command exits 143."""
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+
+
+def terminate_like_ctrl_c() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread (the command line's runs)."""
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def interruption_report(run_dir: str | Path) -> str:

@@ -99,13 +99,21 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     path = Path(path)
     if not path.is_file():
         raise GridError(f"grid file {path} not found")
-    spec = yaml.safe_load(path.read_text()) or {}
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise GridError(f"{path}: not valid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise GridError(f"cannot read grid file {path}: {err}") from None
     if not isinstance(spec, dict):
         raise GridError(f"{path}: a grid file is a YAML mapping, got {type(spec).__name__}")
     problems = [f"unknown key {k!r} (allowed: {sorted(GRID_KEYS)})"
                 for k in spec if k not in GRID_KEYS]
-    fixed, axes = dict(spec.get("fixed") or {}), dict(spec.get("grid") or {})
-    labels, seeds = dict(spec.get("labels") or {}), spec.get("seeds", [0])
+    fixed, axes, labels = (_mapping(spec, key, problems) for key in ("fixed", "grid", "labels"))
+    seeds = spec.get("seeds", [0])
     stack = spec.get("stack_seeds", False)
     if smoke:
         over = spec.get("smoke")
@@ -114,9 +122,10 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
             over = {}
         problems += [f"unknown key 'smoke.{k}' (allowed: {sorted(SMOKE_KEYS)})"
                      for k in over if k not in SMOKE_KEYS]
-        fixed.update(over.get("fixed") or {})
-        axes.update(over.get("grid") or {})  # an axis given here replaces the same axis
-        labels.update(over.get("labels") or {})
+        fixed.update(_mapping(over, "fixed", problems, "smoke."))
+        # an axis given here replaces the same axis
+        axes.update(_mapping(over, "grid", problems, "smoke."))
+        labels.update(_mapping(over, "labels", problems, "smoke."))
         seeds = over.get("seeds", seeds)
         stack = over.get("stack_seeds", stack)
     if stack_seeds is not None:
@@ -156,7 +165,47 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
                             known=known, overrides=overrides, stack_seeds=stack)
     except ValueError as err:  # an unknown preset, or preset fields with nowhere to go
         raise GridError(f"{path}: {err}") from err
+    problems = [p for cell in grid.cells for p in _name_problems(cell)]
+    if problems:
+        raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
     return grid
+
+
+def _mapping(spec: dict, key: str, problems: list[str], prefix: str = "") -> dict:
+    """spec[key] as a dict ({} if absent); a problem if it is there but not a mapping."""
+    value = spec.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"'{prefix}{key}' must be a mapping (name: value, ...), got "
+                        f"{value!r}")
+        return {}
+    return dict(value)
+
+
+def _name_problems(cell: Cell) -> list[str]:
+    """Algorithm, dataset and model names of a cell that no run could take: found before
+    anything runs (``--dry-run`` included), not in the first cell that reaches them."""
+    from flnotes.algorithms import algorithm_names
+    from flnotes.config import model_names
+    from flnotes.data.registry import dataset_names
+
+    params = {**(cell.parameters.get("extra") or {}), **cell.parameters}
+    problems = []
+    for key, known in (("algorithm", algorithm_names), ("algorithms", algorithm_names),
+                       ("dataset", dataset_names), ("model", model_names)):
+        value = params.get(key)
+        if value is None:
+            continue
+        names = value if isinstance(value, list) else [value]
+        for name in names:
+            name = str(name).strip()
+            if name not in known():
+                from flnotes.messages import did_you_mean
+
+                problems.append(f"unknown {key.rstrip('s')} {name!r} (in cell {cell.id})"
+                                f"{did_you_mean(name, known())}; known: {known()}")
+    return problems
 
 
 def _axis_problems(axes: dict) -> list[str]:

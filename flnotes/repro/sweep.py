@@ -6,6 +6,13 @@ run folders, ``cell.json`` with status, parameters, labels and any error); a com
 skipped on re-run, a failed one is recorded and the batch goes on. ``--workers N`` runs N
 cells at once, each worker process pinned to one CUDA device (round-robin) or, on CPU, to its
 share of the cores.
+
+Stopping: Ctrl-C or SIGTERM stops the sweep at once. Cells that finished are kept, the cells
+running are stopped and recorded ``interrupted`` (their run folders resume), the rest are
+``not started``; ``summary.csv`` is written and the command exits 130 (143 for SIGTERM).
+The same command again runs what is left. Each worker is a process of its own that dies
+with the sweep, even a killed one (Linux's parent-death signal), and its notebook kernel
+follows it (ipykernel exits when its parent does).
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import argparse
 import contextlib
 import json
 import os
+import signal
+import sys
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
@@ -45,14 +53,49 @@ def _gpu_count() -> int:
         return 0
 
 
-def _pin_worker(slots, threads: int) -> None:
-    """Process-pool initializer: take one device slot; kernels started later inherit it."""
-    device = slots.get()
+def _pin_worker(device: str | None, threads: int) -> None:
+    """Take a device slot in a worker; kernels started later inherit it."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device
     else:  # CPU: split the cores between workers instead of oversubscribing them
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
+
+
+class CellStopped(KeyboardInterrupt):
+    """SIGTERM in a cell's worker (the sweep stopping it): stop the cell like Ctrl-C."""
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's stop still ends the worker
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
+    """A parallel sweep's worker process: one cell, then exit."""
+    def stop(signum, frame):
+        # A last resort if the kernel shutdown hangs: the worker ends within 10 s anyway.
+        import threading
+
+        threading.Timer(10, lambda: os._exit(1)).start()
+        raise CellStopped()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it sends SIGTERM
+    _die_with_parent(parent)
+    _pin_worker(device, threads)
+    try:
+        run_cell(*job)
+    except KeyboardInterrupt:
+        os._exit(1)
 
 
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
@@ -77,6 +120,11 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
                                 kernel_name="python3",
                                 kernel_manager_class=quiet_kernel_manager())
         record["status"] = "completed"
+    except KeyboardInterrupt:  # Ctrl-C, or the sweep stopping its workers
+        record["status"] = "interrupted"
+        record["seconds"] = round(time.perf_counter() - tic, 2)
+        _write_json(folder / "cell.json", record)
+        raise
     except Exception as err:  # a failed cell is recorded; the batch goes on
         record["status"] = "failed"
         ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
@@ -108,10 +156,27 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def _read_record(path: Path) -> dict | None:
+    """A cell.json, or None if there is none or it cannot be read (the cell runs again)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def cell_status(out_dir: Path, cell: Cell) -> str | None:
     """Status recorded for a cell in an earlier run of the sweep, if any."""
-    record = out_dir / "cells" / cell.id / "cell.json"
-    return json.loads(record.read_text()).get("status") if record.exists() else None
+    record = _read_record(out_dir / "cells" / cell.id / "cell.json")
+    return record.get("status") if record else None
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C or SIGTERM; ``summary`` holds every cell's status."""
+
+    def __init__(self, summary, stop: KeyboardInterrupt) -> None:
+        super().__init__()
+        self.summary, self.stop = summary, stop
 
 
 def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
@@ -123,55 +188,126 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     from tqdm.auto import tqdm
 
     out = Path(out_dir or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"sweep output {out} is a file, not a folder; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    cells = [c for c in grid.cells if not only or any(text in c.id for text in only)]
+    cells = select_cells(grid, only)
     meta = {"grid": grid.name, "grid_file": str(grid.path), "variant": grid.variant,
             "notebook": str(grid.notebook), "paper_table": grid.paper_table}
     records, todo = {}, []
     for cell in cells:
         if not force and cell_status(out, cell) == "completed":
-            records[cell.id] = json.loads((out / "cells" / cell.id / "cell.json").read_text())
+            records[cell.id] = _read_record(out / "cells" / cell.id / "cell.json")
             records[cell.id]["skipped"] = True
         else:
             todo.append(cell)
     jobs = [(str(grid.notebook), vars(c), str(out / "cells" / c.id), meta) for c in todo]
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=grid.name, unit="cell",
                disable=not progress)
-    if workers <= 1:
-        for job in jobs:
-            record = run_cell(*job)
-            records[record["id"]] = record
-            bar.update()
-    else:
-        records.update(_run_parallel(jobs, workers, bar))
+    try:
+        if workers <= 1:
+            for job in jobs:
+                record = run_cell(*job)
+                records[record["id"]] = record
+                bar.update()
+        else:
+            _run_parallel(jobs, workers, bar, records)
+    except KeyboardInterrupt as stop:
+        bar.close()
+        for cell in cells:  # the cell that was running (sequential) says so in its cell.json
+            if cell.id not in records:
+                found = _read_record(out / "cells" / cell.id / "cell.json")
+                started = found is not None and found.get("status") in ("running",
+                                                                         "interrupted")
+                records[cell.id] = {**meta, **vars(cell), "status": "interrupted" if started
+                                    else "not started"}
+        summary = summarise([records[c.id] for c in cells], out)
+        summary.to_csv(out / "summary.csv", index=False)
+        raise SweepInterrupted(summary, stop) from None
     bar.close()
     summary = summarise([records[c.id] for c in cells if c.id in records], out)
     summary.to_csv(out / "summary.csv", index=False)
     return summary
 
 
-def _run_parallel(jobs: list, workers: int, bar) -> dict:
+def select_cells(grid: Grid, only: list[str] | None) -> list[Cell]:
+    """The grid's cells whose id contains one of ``only`` (all without it); a GridError if
+    ``only`` matches none."""
+    cells = [c for c in grid.cells if not only or any(text in c.id for text in only)]
+    if only and not cells:
+        example = grid.cells[0].id if grid.cells else "(the grid has no cells)"
+        raise GridError(f"--only {' '.join(only)} matches no cell of {grid.path} "
+                        f"({len(grid.cells)} cells, ids like {example}); `--dry-run` lists them")
+    return cells
+
+
+def _run_parallel(jobs: list, workers: int, bar, records: dict) -> None:
+    """Run the jobs in at most ``workers`` processes, one process per cell; fill records.
+
+    On KeyboardInterrupt (Ctrl-C, or SIGTERM made one by the command line) every running
+    worker is stopped (SIGTERM; SIGKILL after a grace period), its cell recorded
+    ``interrupted``, and the interrupt goes on up.
+    """
     import multiprocessing
+    from multiprocessing.connection import wait
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
-    slots = ctx.Queue()
-    for slot in device_slots(workers, os.environ.get("CUDA_VISIBLE_DEVICES"), _gpu_count()):
-        slots.put(slot)
+    slots = device_slots(workers, os.environ.get("CUDA_VISIBLE_DEVICES"), _gpu_count())
     threads = max(1, (os.cpu_count() or 1) // workers)
-    records = {}
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pin_worker,
-                             initargs=(slots, threads)) as pool:
-        futures = {pool.submit(run_cell, *job): job for job in jobs}
-        for future in as_completed(futures):
-            try:
-                record = future.result()
-            except Exception as err:  # the worker process itself died: record, go on
-                _, cell, cell_dir, meta = futures[future]
-                record = {**meta, **cell, "status": "failed", "error": f"worker died: {err!r}"}
-                _write_json(Path(cell_dir) / "cell.json", record)
+    free, pending = list(range(workers)), list(jobs)
+    running: dict[int, tuple] = {}  # sentinel -> (process, job, slot)
+    try:
+        while pending or running:
+            while pending and free:
+                slot, job = free.pop(0), pending.pop(0)
+                process = ctx.Process(target=_worker, args=(job, slots[slot], threads,
+                                                            os.getpid()), daemon=False)
+                process.start()
+                running[process.sentinel] = (process, job, slot)
+            for sentinel in wait(list(running)):
+                process, job, slot = running.pop(sentinel)
+                process.join()
+                free.append(slot)
+                record = _finished_record(job, process.exitcode)
+                records[record["id"]] = record
+                bar.update()
+    except KeyboardInterrupt:
+        _stop_workers([(p, job) for p, job, _ in running.values()])
+        for _, job in [(p, job) for p, job, _ in running.values()]:
+            record = _finished_record(job, None)
             records[record["id"]] = record
-            bar.update()
-    return records
+        raise
+
+
+def _finished_record(job: tuple, exitcode: int | None) -> dict:
+    """The cell.json a worker left; a worker that died without one is recorded failed
+    (``exitcode`` None: stopped by the sweep, recorded interrupted)."""
+    _, cell, cell_dir, meta = job
+    path = Path(cell_dir) / "cell.json"
+    record = _read_record(path)
+    if record is not None and record.get("status") not in ("running", None):
+        return record
+    if exitcode is None:
+        record = {**(record or {**meta, **cell}), "status": "interrupted"}
+    else:
+        record = {**(record or {**meta, **cell}), "status": "failed",
+                  "error": f"worker died (exit code {exitcode}) before recording the cell"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, record)
+    return record
+
+
+def _stop_workers(running: list, grace: float = 15.0) -> None:
+    """SIGTERM every worker (each records its cell interrupted), SIGKILL those that linger."""
+    for process, _ in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process, _ in running:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def summarise(records: list[dict], out: Path):
@@ -186,9 +322,15 @@ def summarise(records: list[dict], out: Path):
         mine = runs[runs["run_dir"].str.startswith(str(out / "cells" / r["id"]) + os.sep)] \
             if runs is not None and len(runs) else None
         seeds = r.get("seeds") or [r.get("seed")]
+        status = "skipped (done)" if r.get("skipped") else r["status"]
+        statuses = set(mine["status"]) if mine is not None and len(mine) else set()
+        if r["status"] == "completed" and "diverged" in statuses:
+            # The notebook ran to its end, but a run of the cell blew up: its accuracy is
+            # from before the blow-up.
+            status = "diverged" + (" (skipped)" if r.get("skipped") else "")
         rows.append({"cell": r["id"], **r.get("labels", {}),
                      "seed": seeds[0] if len(seeds) == 1 else ",".join(map(str, seeds)),
-                     "status": "skipped (done)" if r.get("skipped") else r["status"],
+                     "status": status,
                      "seconds": r.get("seconds"),
                      "acc_last10": None if mine is None or not len(mine)
                      else round(float(mine["acc_last_mean"].mean()), 2),
@@ -220,29 +362,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the grid, run its cells, print the summary; exit 1 if any cell failed."""
-    import pandas as pd
-
     overrides = {}
     for item in args.overrides:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise GridError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = yaml.safe_load(value)
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            problem = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise GridError(f"--set {item!r}: the value is not YAML ({problem}); quote it, "
+                            f"e.g. {key.strip()}='{value}'") from None
+    if args.workers < 1:
+        raise GridError(f"--workers must be 1 or more, got {args.workers}")
     grid = load_grid(args.grid, smoke=args.smoke, overrides=overrides,
                      stack_seeds=getattr(args, "stack_seeds", None))
+    cells = select_cells(grid, args.only)
     if args.dry_run:
-        cells = [c for c in grid.cells if not args.only or any(t in c.id for t in args.only)]
         for cell in cells:
             print(cell.id, json.dumps(cell.parameters, default=str))
         print(f"{len(cells)} cells, notebook {grid.notebook}")
         return 0
-    summary = run_sweep(grid, args.out, workers=args.workers, force=args.force, only=args.only)
+    try:
+        summary = run_sweep(grid, args.out, workers=args.workers, force=args.force,
+                            only=args.only)
+    except SweepInterrupted as stopped:
+        _print_summary(stopped.summary)
+        done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())
+        print(f"sweep interrupted: {done} of {len(stopped.summary)} cells done and kept; run "
+              "the same command again to run the rest", file=sys.stderr)
+        from flnotes.engine.sim import exit_code
+
+        return exit_code(stopped.stop)
+    _print_summary(summary)
+    failed = int((summary["status"] == "failed").sum()) if len(summary) else 0
+    diverged = int(summary["status"].str.startswith("diverged").sum()) if len(summary) else 0
+    print(f"{len(summary)} cells: {failed} failed" + (f", {diverged} diverged (the accuracy "
+                                                      "is from before the blow-up)"
+                                                      if diverged else ""))
+    return 1 if failed else 0
+
+
+def _print_summary(summary) -> None:
+    import pandas as pd
+
     with pd.option_context("display.width", 200, "display.max_rows", 1000,
                            "display.max_colwidth", 60):
         print(summary.to_string(index=False))
-    failed = int((summary["status"] == "failed").sum()) if len(summary) else 0
-    print(f"{len(summary)} cells: {failed} failed")
-    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,10 +418,13 @@ def main(argv: list[str] | None = None) -> int:
                                      description=f"{__doc__}\n{grid_file.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
+    from flnotes.engine.sim import terminate_like_ctrl_c
+
+    terminate_like_ctrl_c()
     try:
         return cmd_sweep(parser.parse_args(argv))
-    except GridError as err:
-        print(f"error: {err}")
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from flnotes.engine.history import read_metrics, read_run_json
 from flnotes.repro.paper_tables import (
     KEY,
     load_paper_table,
@@ -62,7 +63,13 @@ def _cell_info(run_dir: Path, root: Path) -> dict:
     for folder in [run_dir, *run_dir.parents]:
         cell = folder / "cell.json"
         if cell.exists():
-            return json.loads(cell.read_text())
+            try:
+                info = json.loads(cell.read_text())
+            except (OSError, ValueError) as err:
+                raise ValueError(f"{cell} is damaged ({' '.join(str(err).split())})") from None
+            if not isinstance(info, dict):
+                raise ValueError(f"{cell} is damaged (not a JSON object)")
+            return info
         if folder == root:
             break
     return {}
@@ -80,12 +87,18 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
         metrics_file = run_dir / "metrics.jsonl"
         if not metrics_file.exists():
             continue
-        meta = json.loads(meta_file.read_text())
-        config = meta.get("config", {})
-        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
-        cell = _cell_info(run_dir, root)
-        labels = run_labels(config, cell.get("labels", {}),
-                            cell.get("parameters", {}).get("algorithms"))
+        try:
+            meta = read_run_json(meta_file)
+            config = meta["config"]
+            records = read_metrics(metrics_file)
+            cell = _cell_info(run_dir, root)
+            labels = run_labels(config, cell.get("labels", {}),
+                                cell.get("parameters", {}).get("algorithms"))
+        except (ValueError, TypeError, AttributeError, KeyError) as err:
+            # One damaged folder must not hide every other result.
+            print(f"warning: skipping run folder {run_dir}: {' '.join(str(err).split())}",
+                  file=sys.stderr)
+            continue
         acc = run_metrics([100 * r["accuracy"] for r in records if "accuracy" in r])
         personal = run_metrics([100 * r["personal_accuracy"] for r in records
                                 if "personal_accuracy" in r])
