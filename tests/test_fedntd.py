@@ -3,6 +3,7 @@ out class by class, a local step by hand with the dispatched model as teacher, r
 the loop (vmap falls back), the toy."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -134,3 +135,16 @@ def test_runs_on_the_toy_as_fedavg():
     avg = run(config.replace(algorithm="fedavg"), progress=False)
     assert ntd.status == "completed"
     assert states_allclose(ntd.final_state, avg.final_state, rtol=0, atol=0)
+
+
+def test_stacked_seeds_fall_back_run_by_run(tiny_config):
+    """run_seeds on the vmap backend stacks seeds; FedNTD's go through the loop instead."""
+    from flnotes.engine.seeds import run_seeds
+
+    config = tiny_config.replace(algorithm="fedntd", rounds=2, backend="vmap")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stacked = run_seeds(config, [1, 2], progress=False)
+    for seed, history in zip([1, 2], stacked, strict=True):
+        alone = run(config.replace(seed=seed, backend="loop"), progress=False)
+        assert states_allclose(history.final_state, alone.final_state, rtol=0, atol=0)
