@@ -58,15 +58,14 @@ def server_step_size(start: StateDict, locals_: list[StateDict], weights: list[f
     """eta_g = max(1, sum_i p_i ||Delta_i||^2 / (2 (||sum_i p_i Delta_i||^2 + eps)))."""
     total = float(sum(weights))
     p = [float(w) / total for w in weights]
-    spread = torch.zeros((), dtype=torch.float64)  # sum_i p_i ||Delta_i||^2
-    mean_sq = torch.zeros((), dtype=torch.float64)  # ||Delta_bar||^2
+    spread, mean_sq = 0.0, 0.0  # sum_i p_i ||Delta_i||^2 and ||Delta_bar||^2 (tensors)
     for name, w0 in start.items():
         if not extrapolated(name, w0):
             continue
         deltas = [(s[name] - w0).double() for s in locals_]
-        spread += sum(pi * d.pow(2).sum().cpu() for pi, d in zip(p, deltas, strict=True))
-        mean = sum(pi * d for pi, d in zip(p, deltas, strict=True))
-        mean_sq += mean.pow(2).sum().cpu()
+        spread = spread + sum(pi * d.pow(2).sum() for pi, d in zip(p, deltas, strict=True))
+        mean_sq = mean_sq + sum(pi * d for pi, d in zip(p, deltas, strict=True)).pow(2).sum()
+    # One transfer at the end, not one device sync per layer.
     return max(1.0, float(spread / (2.0 * (mean_sq + eps))))
 
 

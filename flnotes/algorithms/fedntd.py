@@ -36,9 +36,11 @@ from flnotes.algorithms.base import Strategy
 
 def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(B, C) logits -> (B, C-1): each row without its true class, other classes in order."""
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep.scatter_(1, targets.view(-1, 1), False)
-    return logits[keep].view(logits.shape[0], logits.shape[1] - 1)
+    # Column k of the result is class k below the label and class k + 1 from it on (a
+    # gather, not a boolean mask: no host sync on a GPU).
+    columns = torch.arange(logits.shape[1] - 1, device=logits.device).expand(len(logits), -1)
+    columns = columns + (columns >= targets.view(-1, 1)).long()
+    return logits.gather(1, columns)
 
 
 def ntd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,

@@ -13,6 +13,7 @@ backends run different kernels at TF32 precision and agree to about 1e-3; turn i
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -119,10 +120,13 @@ def train_clients_loop(
     penalty = strategy.local_penalty if strategy.has_penalty else None
     local_gradient = strategy.local_gradient if strategy.has_local_gradient else None
     # FedNTD's teacher: a second model, in eval mode and without gradients, that loads
-    # each client's teacher state (the dispatched model).
+    # each client's teacher state (the dispatched model). A copy, built once per task: a
+    # fresh model would draw its initial weights from the global generator every round.
     teacher = None
     if strategy.has_teacher and not strategy.custom_local_update:
-        teacher = task.model_factory().eval().requires_grad_(False)
+        if "teacher-model" not in task.backend_cache:
+            task.backend_cache["teacher-model"] = copy.deepcopy(model).eval().requires_grad_(False)
+        teacher = task.backend_cache["teacher-model"]
     results = []
     for client, start in zip(clients, starts, strict=True):
         generator = client_generator(config, round, client)
