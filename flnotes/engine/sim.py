@@ -114,13 +114,20 @@ class Simulation:
             self._lock = lock_folder(self.run_dir)
             try:
                 self._open_folder()
-            except BaseException:
+            except BaseException as stop:
+                if isinstance(stop, KeyboardInterrupt) and self.checkpoint_round is not None:
+                    self.interrupt()  # the folder was read: it says it was stopped
                 self.release()
                 raise
-        self.model = self.task.working_model()
+        try:
+            self.model = self.task.working_model()
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise
 
     def _open_folder(self) -> None:
         config, history, run_dir = self.config, self.history, self.run_dir
+        self.checkpoint_round = None  # not known (nor run.json right) until the folder is read
         self.start_round = _prepare_folder(run_dir, config, history, self.strategy)
         self.checkpoint_round = self.start_round - 1
         before = _starts(run_dir) if self.start_round > 1 else []
@@ -199,7 +206,8 @@ class Simulation:
         """Record that the run was stopped (Ctrl-C, SIGTERM): status "interrupted" in run.json
         too, and let go of the folder."""
         self.history.status = "interrupted"
-        if self.run_dir is not None and self._lock is not None:
+        if self.run_dir is not None and self._lock is not None \
+                and self.checkpoint_round is not None:
             _write_meta(self.run_dir, self.history, self.checkpoint_round)
         self.release()
 
@@ -241,6 +249,10 @@ def run(config, *, progress: bool = True, task=None,
     sim = Simulation(config, task=task)
     try:
         return _run_rounds(sim, progress, on_round)
+    except KeyboardInterrupt:  # wherever it lands, before, in or after a round
+        if not sim.finished:
+            sim.interrupt()
+        raise
     finally:
         sim.release()
 
@@ -284,11 +296,8 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
                 on_round(row)
             if not sim.running:
                 break
-    except KeyboardInterrupt:
+    finally:
         bar.close()
-        sim.interrupt()
-        raise
-    bar.close()
     return sim.finish()
 
 
@@ -494,9 +503,9 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
             f"{config.rounds} asked; ask for rounds >= {held} to resume or reload it, or "
             "choose another run_dir for a shorter run")
     try:
-        config_file.write_text(config.to_json())
+        _write_text(config_file, config.to_json())
         if saved is None:
-            (run_dir / "metrics.jsonl").write_text("")
+            _write_text(run_dir / "metrics.jsonl", "")
             _write_meta(run_dir, history, 0)
             return 1
         strategy.load_state_dict(saved["strategy"])

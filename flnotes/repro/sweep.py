@@ -62,10 +62,6 @@ def _pin_worker(device: str | None, threads: int) -> None:
             os.environ[var] = str(threads)
 
 
-class CellStopped(KeyboardInterrupt):
-    """SIGTERM in a cell's worker (the sweep stopping it): stop the cell like Ctrl-C."""
-
-
 def _die_with_parent(parent: int) -> None:
     """Ask Linux to send this process SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
     try:
@@ -79,23 +75,48 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
-    """A parallel sweep's worker process: one cell, then exit."""
-    def stop(signum, frame):
-        # A last resort if the kernel shutdown hangs: the worker ends within 10 s anyway.
-        import threading
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is pid (the worker's notebook kernel), from /proc."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+    return kids
 
-        threading.Timer(10, lambda: os._exit(1)).start()
-        raise CellStopped()
+
+def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
+    """A parallel sweep's worker process: one cell, then exit.
+
+    SIGTERM (the sweep stopping, or dying: PR_SET_PDEATHSIG) interrupts the cell's kernel
+    (so a run inside marks its folder interrupted), kills it a moment later, records the
+    cell ``interrupted`` and exits: no kernel is left running a cell nobody waits for.
+    """
+    _, cell, cell_dir, meta = job
+
+    def stop(signum, frame):
+        kernels = _children(os.getpid())
+        for pid in kernels:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGINT)
+        time.sleep(1.0 if kernels else 0.0)
+        for pid in kernels:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        path = Path(cell_dir) / "cell.json"
+        record = _read_record(path) or {**meta, **cell}
+        if record.get("status") in (None, "running"):
+            with contextlib.suppress(OSError):
+                _write_json(path, {**record, "status": "interrupted"})
+        os._exit(1)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it sends SIGTERM
     _die_with_parent(parent)
     _pin_worker(device, threads)
-    try:
-        run_cell(*job)
-    except KeyboardInterrupt:
-        os._exit(1)
+    run_cell(*job)
 
 
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:

@@ -1,0 +1,175 @@
+"""Kill a run at every write point of its folder, and at random times, then resume it
+(issue 13): the folder must end equal to an uninterrupted run's, bit for bit, metrics,
+checkpoint and global_model.pt included, and say ``completed``."""
+
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+from flnotes.config import RunConfig
+from flnotes.engine import sim
+
+ROUNDS = 3
+
+
+def _config(run_dir) -> RunConfig:
+    return RunConfig(dataset="synthetic", model="mlp", num_clients=10, clients_per_round=5,
+                     rounds=ROUNDS, batch_size=32, lr=0.05, momentum=0.5, seed=3,
+                     checkpoint_every=1, data_options={"num_train": 600, "num_test": 200},
+                     device="cpu", backend="loop", run_dir=str(run_dir))
+
+
+def _in_child(body) -> int:
+    """Run body() in a forked child; return how it ended (exit status or -signal)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 0
+        try:
+            body()
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _folder(run_dir) -> dict:
+    """What a finished folder holds, in a form compared exactly (seconds left out)."""
+    meta = json.loads((run_dir / "run.json").read_text())
+    rows = [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    model = torch.load(run_dir / "global_model.pt", weights_only=True)
+    return {"status": meta["status"], "checkpoint_round": meta["checkpoint_round"],
+            "rows": rows, "round": checkpoint["round"],
+            "checkpoint_rows": [{k: v for k, v in r.items() if k != "seconds"}
+                                for r in checkpoint["rows"]],
+            "global": checkpoint["strategy"]["global_state"], "model": model}
+
+
+def _assert_same(got: dict, want: dict, trial: str) -> None:
+    for key in ("status", "checkpoint_round", "rows", "round", "checkpoint_rows"):
+        assert got[key] == want[key], f"{trial}: {key} differs"
+    for key in ("global", "model"):
+        assert list(got[key]) == list(want[key]), f"{trial}: {key} layers differ"
+        for name in want[key]:
+            assert torch.equal(got[key][name], want[key][name]), f"{trial}: {key}[{name}]"
+
+
+# Every file write of a run folder goes through one of these (run.json through _write_text).
+WRITERS = ("_atomic_save", "_write_text", "_append_row")
+
+
+def _killed_at(point: int, after: bool):
+    """A run that SIGKILLs itself at its point-th folder write (before or after it)."""
+    def body(run_dir):
+        count = [0]
+        for name in WRITERS:
+            original = getattr(sim, name)
+
+            def wrapper(*args, _original=original, **kwargs):
+                count[0] += 1
+                if count[0] == point and not after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                result = _original(*args, **kwargs)
+                if count[0] == point and after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return result
+
+            setattr(sim, name, wrapper)
+        sim.run(_config(run_dir), progress=False)
+    return body
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run's folder, and how many folder writes it makes."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    count = [0]
+    originals = {name: getattr(sim, name) for name in WRITERS}
+
+    def counting(original):
+        def wrapper(*args, **kwargs):
+            count[0] += 1
+            return original(*args, **kwargs)
+        return wrapper
+
+    try:
+        for name, original in originals.items():
+            setattr(sim, name, counting(original))
+        sim.run(_config(run_dir), progress=False)
+    finally:
+        for name, original in originals.items():
+            setattr(sim, name, original)
+    return _folder(run_dir), count[0]
+
+
+def test_kill_at_every_write_point_resumes_identically(tmp_path, reference):
+    want, writes = reference
+    # config.json, metrics.jsonl, run.json (twice: created, then running); then a row,
+    # a checkpoint and run.json a round; then checkpoint, model and run.json
+    assert writes == 4 + 3 * ROUNDS + 3
+    trials = identical = 0
+    for point in range(1, writes + 1):
+        for after in (False, True):
+            run_dir = tmp_path / f"kill{point}{'after' if after else 'before'}"
+            killed = _killed_at(point, after)
+            assert _in_child(lambda d=run_dir, k=killed: k(d)) == -signal.SIGKILL, (point, after)
+            assert _in_child(lambda d=run_dir: sim.run(_config(d), progress=False)) == 0
+            trial = f"SIGKILL {'after' if after else 'before'} write {point} of {writes}"
+            _assert_same(_folder(run_dir), want, trial)
+            trials, identical = trials + 1, identical + 1
+    assert trials == identical == 2 * writes
+
+
+def test_kill_at_random_times_resumes_identically(tmp_path, reference):
+    """SIGKILL, SIGINT and SIGTERM at random moments of a run (seeded: the same moments on
+    every run of the test)."""
+    want, _ = reference
+    rng = random.Random(13)
+    # The duration of one run here, to spread the kills over it.
+    tic = time.perf_counter()
+    sim.run(_config(tmp_path / "timing"), progress=False)
+    duration = time.perf_counter() - tic
+    for trial, sig in enumerate([signal.SIGKILL] * 6 + [signal.SIGINT, signal.SIGTERM] * 2):
+        run_dir = tmp_path / f"random{trial}"
+
+        def body(d=run_dir):
+            sim.terminate_like_ctrl_c()
+            try:
+                sim.run(_config(d), progress=False)
+            except KeyboardInterrupt:
+                os._exit(130)
+            time.sleep(60)  # finished before the signal: wait for it, as a slow run would
+
+        pid = os.fork()
+        if pid == 0:
+            try:
+                body()
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.05, 1.1) * duration)
+        os.kill(pid, sig)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if sig != signal.SIGKILL and code == 130 and (run_dir / "run.json").exists():
+            # Stopped mid-run (not before the folder was opened): the folder says so.
+            meta = json.loads((run_dir / "run.json").read_text())
+            assert meta["status"] == "interrupted", f"trial {trial}"
+        assert _in_child(lambda d=run_dir: sim.run(_config(d), progress=False)) == 0
+        _assert_same(_folder(run_dir), want, f"trial {trial} ({signal.Signals(sig).name})")
+
+
+def test_missing_model_is_rebuilt_from_the_checkpoint(tmp_path, reference):
+    want, _ = reference
+    run_dir = tmp_path / "run"
+    sim.run(_config(run_dir), progress=False)
+    (run_dir / "global_model.pt").unlink()
+    history = sim.run(_config(run_dir), progress=False)
+    assert history.status == "completed"
+    _assert_same(_folder(run_dir), want, "deleted global_model.pt")

@@ -1,0 +1,130 @@
+"""A parallel sweep stopped by Ctrl-C, SIGTERM or SIGKILL (issue 13): it stops at once, keeps
+the cells that finished, writes its summary (Ctrl-C), leaves no worker or kernel behind, and
+the same command again completes the grid without running a finished cell twice."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from helpers import write_grid, write_notebook
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Cell x = 1 finishes at once; the others wait while the file extra["block"] exists. Every
+# execution appends "kernel-pid worker-pid" to pids.txt in its cell folder.
+BODY = """import json, os, time
+from pathlib import Path
+out = Path(output_dir)
+with open(out / "pids.txt", "a") as f:
+    f.write(f"{os.getpid()} {os.getppid()}\\n")
+while x > 1 and Path(extra["block"]).exists():
+    time.sleep(0.05)
+run = out / "runs" / "fedavg-seed0"
+run.mkdir(parents=True, exist_ok=True)
+config = {"algorithm": "fedavg", "dataset": "cifar10", "model": "cnn", "partition": "iid",
+          "seed": 0, "lr": lr}
+(run / "run.json").write_text(json.dumps({"config": config, "status": "completed"}))
+(run / "metrics.jsonl").write_text(json.dumps({"round": 1, "accuracy": x / 100}) + "\\n")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by an init that is slow) counts as gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def _wait_for(check, what: str, limit: float = 60.0) -> None:
+    """Poll until check() holds; a hang guard, not a timing assertion."""
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+
+
+def _pids(out: Path) -> set[int]:
+    return {int(p) for f in out.glob("cells/*/pids.txt") for line in f.read_text().splitlines()
+            for p in line.split()}
+
+
+def _cells(out: Path, x: int) -> list[Path]:
+    """The folder of cell x (ids are <x>_seed0-<digest>)."""
+    return sorted(d for d in (out / "cells").glob(f"{x}_seed*") if d.is_dir())
+
+
+def _running_pids(out: Path) -> bool:
+    """Both slow cells of this run have started (their kernels wrote their pids)."""
+    return sum((d / "pids.txt").exists() for x in (2, 3) for d in _cells(out, x)) == 2
+
+
+def _sweep(grid: Path, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "flnotes", "sweep", str(grid), "--workers",
+                             "2", "--out", str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
+    notebook = write_notebook(tmp_path, BODY)
+    block = tmp_path / "block"
+    block.write_text("")
+    grid = write_grid(tmp_path, {"notebook": notebook.name, "fixed": {"extra": {"block":
+                                                                                 str(block)}},
+                                 "grid": {"x": [1, 2, 3, 4]}, "seeds": [0]})
+    out = tmp_path / "out"
+    (out / "cells").mkdir(parents=True)
+    procs = []
+    try:
+        # 1. Ctrl-C while x=2 and x=3 run (x=1 done, x=4 waiting).
+        sweep = _sweep(grid, out)
+        procs.append(sweep)
+        _wait_for(lambda: _running_pids(out), "the slow cells to start")
+        sweep.send_signal(signal.SIGINT)
+        stdout, stderr = sweep.communicate(timeout=60)
+        assert sweep.returncode == 130, stderr
+        assert "Traceback" not in stderr and "sweep interrupted" in stderr
+        summary = pd.read_csv(out / "summary.csv")
+        status = dict(zip(summary["x"], summary["status"], strict=True))
+        assert status == {1: "completed", 2: "interrupted", 3: "interrupted", 4: "not started"}
+        _wait_for(lambda: not any(_alive(p) for p in _pids(out)), "workers and kernels to end",
+                  limit=20)
+
+        # 2. SIGKILL of the sweep itself: its workers and their kernels die with it.
+        for x in (2, 3):
+            for d in _cells(out, x):
+                (d / "pids.txt").unlink()
+        before = _pids(out)
+        sweep = _sweep(grid, out)
+        procs.append(sweep)
+        _wait_for(lambda: _running_pids(out), "the slow cells to start again")
+        started = _pids(out) - before
+        assert started  # worker and kernel pids of the running cells
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.communicate(timeout=30)
+        _wait_for(lambda: not any(_alive(p) for p in started), "orphaned workers to end",
+                  limit=30)
+
+        # 3. The same command again completes the grid; x=1 is not run a third time.
+        block.unlink()
+        sweep = _sweep(grid, out)
+        procs.append(sweep)
+        stdout, stderr = sweep.communicate(timeout=120)
+        assert sweep.returncode == 0, stderr
+        summary = pd.read_csv(out / "summary.csv")
+        status = dict(zip(summary["x"], summary["status"], strict=True))
+        assert status == {1: "skipped (done)", 2: "completed", 3: "completed", 4: "completed"}
+        assert [len((d / "pids.txt").read_text().splitlines()) for d in _cells(out, 1)] == [1]
+        assert not any(_alive(p) for p in _pids(out))
+    finally:
+        for proc in procs:  # never leave a sweep behind, even when an assertion failed
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
