@@ -18,7 +18,10 @@ the ``loop`` backend's (float tolerance) because:
   (:mod:`flnotes.engine.batched.functional`), as nn.BatchNorm does in train mode.
 
 This module schedules the batches and splits a round into groups (halving them when a
-GPU runs out of memory); :mod:`flnotes.engine.batched.stacked` trains a group.
+GPU runs out of memory); :mod:`flnotes.engine.batched.stacked` trains a group. A strategy
+whose local step needs a second pass (``Strategy.local_gradient``: FedSAM) or a teacher
+model (``Strategy.teacher_loss``: FedNTD) trains on the loop instead, with a one-time
+warning (:func:`flnotes.engine.batched.stacked.stacks`).
 """
 
 from __future__ import annotations
