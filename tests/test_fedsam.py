@@ -107,3 +107,14 @@ def test_runs_on_the_toy_where_asam_is_sam():
     asam = run(config.replace(algorithm="fedasam"), progress=False)
     assert sam.status == asam.status == "completed"
     assert states_allclose(sam.final_state, asam.final_state, rtol=0, atol=0)
+
+
+def test_the_fall_back_is_announced_once(tiny_config, monkeypatch):
+    from flnotes.engine.batched import stacked
+
+    monkeypatch.setattr(stacked, "_NOTED", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(tiny_config.replace(algorithm="fedsam", backend="vmap", rounds=2), progress=False)
+    notes = [w for w in caught if "loop backend" in str(w.message)]
+    assert len(notes) == 1 and "fedsam" in str(notes[0].message)
