@@ -24,6 +24,8 @@ _REGISTRY = {
     "fedasam": "flnotes.algorithms.fedsam:FedASAM",
     "fedntd": "flnotes.algorithms.fedntd:FedNTD",
     # baselines of FedUp's tables (issue 12)
+    "scaffold": "flnotes.algorithms.scaffold:Scaffold",
+    "feddyn": "flnotes.algorithms.feddyn:FedDyn",
 }
 
 

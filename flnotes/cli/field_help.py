@@ -58,6 +58,10 @@ FIELD_HELP = {
     "ntd_beta": "FedNTD: weight of the not-true distillation loss (0: FedAvg)",
     "ntd_tau": "FedNTD: softmax temperature of the not-true distillation",
     # -- FedUp-table baselines (issue 12)
+    "server_lr": "SCAFFOLD: server step size eta_g on the mean client update (1: FedAvg's "
+                 "mean)",
+    "feddyn_alpha": "FedDyn: weight alpha of the dynamic regulariser (0: clients train as "
+                    "FedAvg, the server still adds the mean drift)",
     "seed": "seed of every random draw (split, sampling, initial model, batches)",
     "eval_every": "evaluate the global model every this many rounds (and at the last)",
     "eval_batch_size": "batch size of evaluation (memory only; results do not change)",

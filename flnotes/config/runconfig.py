@@ -85,6 +85,8 @@ class RunConfig:
     ntd_beta: float = 1.0  # FedNTD distillation weight (authors' config)
     ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
+    server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
+    feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
     # bookkeeping
     seed: int = 0
     eval_every: int = 1
@@ -269,6 +271,11 @@ def _problems(c: RunConfig):
         yield bad("client_test_fraction", "must be in [0, 1) (or None for the default)")
     if not isinstance(c.device, str) or not _valid_device(c.device):
         yield bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    # FedUp-table baselines (issue 12)
+    if not _is_number(c.server_lr) or c.server_lr <= 0:
+        yield bad("server_lr", "must be a positive finite number (1: the clients' mean)")
+    if not _is_number(c.feddyn_alpha) or c.feddyn_alpha < 0:
+        yield bad("feddyn_alpha", "must be a non-negative finite number")
     # mutation-family baselines (issue 17)
     for name in ("fedexp_eps", "ntd_tau"):
         if not _is_number(getattr(c, name)) or getattr(c, name) <= 0:
