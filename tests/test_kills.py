@@ -173,3 +173,42 @@ def test_missing_model_is_rebuilt_from_the_checkpoint(tmp_path, reference):
     history = sim.run(_config(run_dir), progress=False)
     assert history.status == "completed"
     _assert_same(_folder(run_dir), want, "deleted global_model.pt")
+
+
+def test_two_runs_on_one_folder_never_mix(tmp_path, reference):
+    """Started together on one folder: the second is refused while the first holds it (or,
+    started after it ended, reloads it); the folder ends as one uninterrupted run."""
+    want, _ = reference
+    for trial in range(3):
+        run_dir = tmp_path / f"race{trial}"
+
+        def body(d=run_dir):
+            try:
+                sim.run(_config(d), progress=False)
+            except sim.RunFolderError as err:
+                assert "is in use by pid" in str(err)
+                os._exit(4)
+
+        pids = []
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    body()
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        codes = sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids)
+        assert codes in ([0, 0], [0, 4]), f"trial {trial}: {codes}"
+        _assert_same(_folder(run_dir), want, f"race {trial}")
+
+
+def test_run_json_records_each_start(tmp_path):
+    run_dir = tmp_path / "run"
+    sim.run(_config(run_dir).replace(rounds=2), progress=False)
+    sim.run(_config(run_dir), progress=False)
+    starts = json.loads((run_dir / "run.json").read_text())["environment"]["starts"]
+    threads = torch.get_num_threads()
+    assert [(s["round"], s["cpu_threads"]) for s in starts] == [(1, threads), (3, threads)]
+    sim.run(_config(run_dir), progress=False)  # reloading a finished folder is no start
+    assert json.loads((run_dir / "run.json").read_text())["environment"]["starts"] == starts

@@ -128,3 +128,23 @@ def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_summary_marks_a_diverged_cell(tmp_path):
+    """A cell whose notebook ran to its end but whose run blew up is 'diverged', not
+    'completed' with the accuracy from before the blow-up."""
+    import json
+
+    from flnotes.repro import sweep
+
+    records = []
+    for cell, status in (("a", "completed"), ("b", "diverged")):
+        run = tmp_path / "cells" / cell / "runs" / "fedavg-seed0"
+        run.mkdir(parents=True)
+        config = {"algorithm": "fedavg", "dataset": "cifar10", "model": "cnn",
+                  "partition": "iid", "seed": 0}
+        (run / "run.json").write_text(json.dumps({"config": config, "status": status}))
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "accuracy": 0.12}) + "\n")
+        records.append({"id": cell, "status": "completed", "seed": 0})
+    summary = sweep.summarise(records, tmp_path)
+    assert list(summary["status"]) == ["completed", "diverged"]
