@@ -201,10 +201,14 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
-              force: bool = False, progress: bool = True, only: list[str] | None = None):
+              force: bool = False, progress: bool = True, only: list[str] | None = None,
+              processes: bool | None = None):
     """Run every cell not yet completed; return the summary table (one row per cell).
 
-    ``only``: run just the cells whose id contains one of these texts.
+    ``only``: run just the cells whose id contains one of these texts. ``processes``: run
+    each cell in a worker process of its own (default: when ``workers`` > 1). The command
+    line always does, even with one worker: papermill, waiting on a kernel in this
+    process, does not stop on Ctrl-C, while a worker is stopped at once.
     """
     from tqdm.auto import tqdm
 
@@ -226,7 +230,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=grid.name, unit="cell",
                disable=not progress)
     try:
-        if workers <= 1:
+        if not (processes if processes is not None else workers > 1):
             for job in jobs:
                 record = run_cell(*job)
                 records[record["id"]] = record
@@ -283,7 +287,7 @@ def _run_parallel(jobs: list, workers: int, bar, records: dict) -> None:
                 slot, job = free.pop(0), pending.pop(0)
                 process = ctx.Process(target=_worker, args=(job, slots[slot], threads,
                                                             os.getpid()), daemon=False)
-                process.start()
+                _start_ignoring_ctrl_c(process)
                 running[process.sentinel] = (process, job, slot)
             for sentinel in wait(list(running)):
                 process, job, slot = running.pop(sentinel)
@@ -298,6 +302,21 @@ def _run_parallel(jobs: list, workers: int, bar, records: dict) -> None:
             record = _finished_record(job, None)
             records[record["id"]] = record
         raise
+
+
+def _start_ignoring_ctrl_c(process) -> None:
+    """Start a worker with SIGINT ignored (inherited through exec): a Ctrl-C at the terminal
+    reaches the whole process group, and the sweep, not each worker, decides what stops."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        process.start()
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _finished_record(job: tuple, exitcode: int | None) -> dict:
@@ -406,7 +425,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     try:
         summary = run_sweep(grid, args.out, workers=args.workers, force=args.force,
-                            only=args.only)
+                            only=args.only, processes=True)
     except SweepInterrupted as stopped:
         _print_summary(stopped.summary)
         done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())
