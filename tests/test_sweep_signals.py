@@ -78,12 +78,12 @@ def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
     block.write_text("")
     grid = write_grid(tmp_path, {"notebook": notebook.name, "fixed": {"extra": {"block":
                                                                                  str(block)}},
-                                 "grid": {"x": [1, 2, 3, 4]}, "seeds": [0]})
+                                 "grid": {"x": [1, 2, 3]}, "seeds": [0]})
     out = tmp_path / "out"
     (out / "cells").mkdir(parents=True)
     procs = []
     try:
-        # 1. Ctrl-C while x=2 and x=3 run (x=1 done, x=4 waiting).
+        # 1. Ctrl-C while x=2 and x=3 run (x=1 done).
         sweep = _sweep(grid, out)
         procs.append(sweep)
         _wait_for(lambda: _running_pids(out), "the slow cells to start")
@@ -93,7 +93,7 @@ def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
         assert "Traceback" not in stderr and "sweep interrupted" in stderr
         summary = pd.read_csv(out / "summary.csv")
         status = dict(zip(summary["x"], summary["status"], strict=True))
-        assert status == {1: "completed", 2: "interrupted", 3: "interrupted", 4: "not started"}
+        assert status == {1: "completed", 2: "interrupted", 3: "interrupted"}
         _wait_for(lambda: not any(_alive(p) for p in _pids(out)), "workers and kernels to end",
                   limit=20)
 
@@ -120,7 +120,7 @@ def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
         assert sweep.returncode == 0, stderr
         summary = pd.read_csv(out / "summary.csv")
         status = dict(zip(summary["x"], summary["status"], strict=True))
-        assert status == {1: "skipped (done)", 2: "completed", 3: "completed", 4: "completed"}
+        assert status == {1: "skipped (done)", 2: "completed", 3: "completed"}
         assert [len((d / "pids.txt").read_text().splitlines()) for d in _cells(out, 1)] == [1]
         assert not any(_alive(p) for p in _pids(out))
     finally:
@@ -148,3 +148,35 @@ def test_summary_marks_a_diverged_cell(tmp_path):
         records.append({"id": cell, "status": "completed", "seed": 0})
     summary = sweep.summarise(records, tmp_path)
     assert list(summary["status"]) == ["completed", "diverged"]
+
+
+def test_interrupted_sweep_writes_its_summary(tmp_path, monkeypatch):
+    """Ctrl-C in the second cell of a sequential sweep: the first is kept, the second is
+    'interrupted', the third 'not started', and summary.csv says so."""
+    import pytest
+
+    from flnotes.repro import sweep
+    from flnotes.repro.grid import load_grid
+
+    notebook = write_notebook(tmp_path)
+    grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name,
+                                           "grid": {"x": [1, 2, 3]}}))
+    calls = []
+
+    def fake_run_cell(notebook, cell, cell_dir, meta):
+        calls.append(cell["id"])
+        record = {**meta, **cell, "status": "running"}
+        Path(cell_dir).mkdir(parents=True)
+        sweep._write_json(Path(cell_dir) / "cell.json", record)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        record["status"] = "completed"
+        sweep._write_json(Path(cell_dir) / "cell.json", record)
+        return record
+
+    monkeypatch.setattr(sweep, "run_cell", fake_run_cell)
+    with pytest.raises(sweep.SweepInterrupted) as stopped:
+        sweep.run_sweep(grid, tmp_path / "out", progress=False)
+    assert list(stopped.value.summary["status"]) == ["completed", "interrupted", "not started"]
+    written = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert list(written["status"]) == ["completed", "interrupted", "not started"]
