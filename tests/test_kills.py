@@ -136,13 +136,14 @@ def test_kill_at_random_times_resumes_identically(tmp_path, reference):
     tic = time.perf_counter()
     sim.run(_config(tmp_path / "timing"), progress=False)
     duration = time.perf_counter() - tic
+    stopped = 0  # SIGINT/SIGTERM trials that landed while the folder was open
     for trial, sig in enumerate([signal.SIGKILL] * 6 + [signal.SIGINT, signal.SIGTERM] * 2):
         run_dir = tmp_path / f"random{trial}"
 
         def body(d=run_dir):
-            sim.terminate_like_ctrl_c()
             try:
-                sim.run(_config(d), progress=False)
+                with sim.terminate_like_ctrl_c():  # SIGTERM as the command line takes it
+                    sim.run(_config(d), progress=False)
             except KeyboardInterrupt:
                 os._exit(130)
             time.sleep(60)  # finished before the signal: wait for it, as a slow run would
@@ -161,8 +162,10 @@ def test_kill_at_random_times_resumes_identically(tmp_path, reference):
             # Stopped mid-run (not before the folder was opened): the folder says so.
             meta = json.loads((run_dir / "run.json").read_text())
             assert meta["status"] == "interrupted", f"trial {trial}"
+            stopped += 1
         assert _in_child(lambda d=run_dir: sim.run(_config(d), progress=False)) == 0
         _assert_same(_folder(run_dir), want, f"trial {trial} ({signal.Signals(sig).name})")
+    assert stopped >= 1  # the Ctrl-C/SIGTERM path was taken, not only kills and finished runs
 
 
 def test_missing_model_is_rebuilt_from_the_checkpoint(tmp_path, reference):

@@ -215,10 +215,10 @@ def _one_line(err: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m flnotes``."""
     args = parse_args(build_parser(), argv)
-    terminate_like_ctrl_c()
     tic = time.perf_counter()
     try:
-        code = args.func(args)
+        with terminate_like_ctrl_c():
+            code = args.func(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ What keeps a folder's results its own:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -170,8 +171,17 @@ class Simulation:
         return not self.finished and self.history.status == "running"
 
     def begin_round(self, rnd: int) -> tuple[list[int], list]:
-        """The round's sampled clients and the states dispatched to them."""
-        clients = sample_clients(self.config, rnd)
+        """The round's sampled clients and the states dispatched to them.
+
+        A strategy that chooses its own clients (CluSamp) does so in ``select_clients``,
+        from the same seeded stream the uniform sampling would use; None: uniform.
+        """
+        sizes = [self.task.num_samples(c) for c in range(self.config.num_clients)]
+        clients = self.strategy.select_clients(
+            rnd, sizes, self.config.clients_per_round,
+            torch_generator(self.config.seed, "sample", rnd))
+        if clients is None:
+            clients = sample_clients(self.config, rnd)
         return clients, self.strategy.dispatch(rnd, clients)
 
     def end_round(self, rnd: int, clients, starts, results, seconds: float) -> dict:
@@ -315,16 +325,24 @@ def exit_code(stop: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
 
 
-def terminate_like_ctrl_c() -> None:
-    """Make SIGTERM raise :class:`Terminated` in the main thread (the command line's runs)."""
+@contextlib.contextmanager
+def terminate_like_ctrl_c():
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (the command
+    line's runs and sweeps); the previous handler is put back after it."""
     import signal
     import threading
 
     def handler(signum, frame):
         raise Terminated()
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def interruption_report(run_dir: str | Path) -> str:

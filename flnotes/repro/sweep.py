@@ -460,9 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     from flnotes.engine.sim import terminate_like_ctrl_c
 
-    terminate_like_ctrl_c()
     try:
-        return cmd_sweep(parser.parse_args(argv))
+        with terminate_like_ctrl_c():
+            return cmd_sweep(parser.parse_args(argv))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
