@@ -215,3 +215,12 @@ def test_run_json_records_each_start(tmp_path):
     assert [(s["round"], s["cpu_threads"]) for s in starts] == [(1, threads), (3, threads)]
     sim.run(_config(run_dir), progress=False)  # reloading a finished folder is no start
     assert json.loads((run_dir / "run.json").read_text())["environment"]["starts"] == starts
+
+
+def test_reloading_a_finished_folder_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    sim.run(_config(run_dir), progress=False)
+    files = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.name != "run.lock"}
+    history = sim.run(_config(run_dir).replace(device="cpu", backend="auto"), progress=False)
+    assert history.status == "completed"
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.name != "run.lock"} == files

@@ -123,7 +123,8 @@ class Simulation:
         try:
             self.model = self.task.working_model()
         except KeyboardInterrupt:
-            self.interrupt()
+            if not self.finished:
+                self.interrupt()
             raise
 
     def _open_folder(self) -> None:
@@ -142,10 +143,16 @@ class Simulation:
             history.final_state = self.strategy.global_state
             self.finished = True
             # A run killed between its last checkpoint and its model, or a deleted model:
-            # rebuilt from the checkpoint, which holds the same state.
-            if not (run_dir / "global_model.pt").exists():
-                _atomic_save(self.strategy.global_state, run_dir / "global_model.pt")
-            _write_meta(run_dir, history, self.checkpoint_round)
+            # rebuilt from the checkpoint, which holds the same state; then run.json says
+            # completed (keeping the environment of the run that trained it).
+            model = run_dir / "global_model.pt"
+            meta = _read_meta(run_dir)
+            if not model.exists() or meta.get("status") != "completed":
+                if not model.exists():
+                    _atomic_save(self.strategy.global_state, model)
+                if isinstance(meta.get("environment"), dict):
+                    history.environment = meta["environment"]
+                _write_meta(run_dir, history, self.checkpoint_round)
         elif history.status == "diverged":
             self.finished = True
         else:
@@ -520,8 +527,11 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
             f"run folder {run_dir} holds {held} rounds (its checkpoint), more than the "
             f"{config.rounds} asked; ask for rounds >= {held} to resume or reload it, or "
             "choose another run_dir for a shorter run")
+    finished = saved is not None and (saved["status"] == "diverged" or (
+        saved["status"] == "completed" and int(saved["round"]) >= config.rounds))
     try:
-        _write_text(config_file, config.to_json())
+        if not (finished and config_file.exists()):  # a finished run's config stays its own
+            _write_text(config_file, config.to_json())
         if saved is None:
             _write_text(run_dir / "metrics.jsonl", "")
             _write_meta(run_dir, history, 0)
@@ -536,6 +546,15 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
         raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
                              ) from None
     return int(saved["round"]) + 1
+
+
+def _read_meta(run_dir: Path) -> dict:
+    """run.json as written, or {} if it is missing or cannot be read."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _starts(run_dir: Path) -> list[dict]:
