@@ -23,6 +23,7 @@ _REGISTRY = {
     "fedsam": "flnotes.algorithms.fedsam:FedSAM",
     "fedasam": "flnotes.algorithms.fedsam:FedASAM",
     "fedntd": "flnotes.algorithms.fedntd:FedNTD",
+    "clusamp": "flnotes.algorithms.clusamp:CluSamp",
     # baselines of FedUp's tables (issue 12)
     "scaffold": "flnotes.algorithms.scaffold:Scaffold",
     "feddyn": "flnotes.algorithms.feddyn:FedDyn",

@@ -1,6 +1,7 @@
 """The strategy interface every federated algorithm implements.
 
-A round is: ``dispatch`` (the state each sampled client starts from), local training (by
+A round is: ``select_clients`` (who takes part; by default the engine samples uniformly),
+``dispatch`` (the state each sampled client starts from), local training (by
 a backend in :mod:`flnotes.engine.train`, adding ``local_penalty`` to the loss, or the
 strategy's own ``local_update``), then ``aggregate`` (the new global state). Local training
 has two more hooks: ``local_gradient`` (how a step's gradient is taken: FedSAM's two
@@ -53,6 +54,17 @@ class Strategy:
         self.global_state = clone_state(global_state)
 
     # ---- one round ------------------------------------------------------------
+    def select_clients(self, round: int, sizes: list[int], clients_per_round: int,
+                       generator: torch.Generator) -> list[int] | None:
+        """The clients that take part in ``round`` (sorted, no repeats), or None for the
+        engine's uniform sampling without replacement (the default).
+
+        ``sizes`` holds every client's number of training samples (the importance p_i of
+        a strategy that weights by data); ``generator`` is the round's seeded sampling
+        stream, so a selection made from it is the same on resume.
+        """
+        return None
+
     def dispatch(self, round: int, clients: list[int]) -> list[OrderedDict[str, torch.Tensor]]:
         """The state each sampled client starts local training from (FedAvg: the global)."""
         return [self.global_state for _ in clients]

@@ -57,6 +57,8 @@ FIELD_HELP = {
     "asam_eta": "FedASAM: eta in the adaptive scale T_w = |w| + eta",
     "ntd_beta": "FedNTD: weight of the not-true distillation loss (0: FedAvg)",
     "ntd_tau": "FedNTD: softmax temperature of the not-true distillation",
+    "clusamp_distance": "CluSamp: distance between clients' last updates (cosine: their angle; "
+                        "l1; l2: squared)",
     # -- FedUp-table baselines (issue 12)
     "server_lr": "SCAFFOLD: server step size eta_g on the mean client update (1: FedAvg's "
                  "mean)",

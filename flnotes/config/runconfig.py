@@ -84,6 +84,7 @@ class RunConfig:
     asam_eta: float = 0.01  # FedASAM: T_w = |w| + eta (ASAM's default)
     ntd_beta: float = 1.0  # FedNTD distillation weight (authors' config)
     ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
+    clusamp_distance: str = "cosine"  # CluSamp: arccos of the updates. cosine (FedQP's words)
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
     feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
@@ -287,6 +288,8 @@ def _problems(c: RunConfig):
                       + (" (or None for the default)" if name == "sam_rho" else ""))
     if not isinstance(c.fedexp_average, bool):
         yield bad("fedexp_average", "must be true or false")
+    if c.clusamp_distance not in ("cosine", "l1", "l2"):
+        yield bad("clusamp_distance", "must be one of cosine, l1, l2")
 
 
 def _is_number(value: Any) -> bool:

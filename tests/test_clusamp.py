@@ -1,0 +1,170 @@
+"""CluSamp (clustered sampling, Algorithm 2): unbiased selection (the paper's Proposition 1,
+exactly on the distributions and by Monte Carlo on the draws), clusters that follow the
+update similarity, determinism, the 1/m aggregation, resume, the toy, the engine's hook."""
+
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from flnotes import toy
+from flnotes.algorithms import build_strategy
+from flnotes.algorithms.base import ClientResult
+from flnotes.algorithms.clusamp import (
+    DISTANCES,
+    cluster_distributions,
+    distance_matrix,
+    tree_cut,
+    ward_tree,
+)
+from flnotes.config import RunConfig
+from flnotes.engine.sim import Simulation, run, sample_clients
+from flnotes.engine.state import states_allclose
+from flnotes.rng import torch_generator
+
+
+def strategy_for(num_clients: int, m: int, dim: int = 5, **fields):
+    """A CluSamp strategy around a one-layer state of ``dim`` weights (no training)."""
+    config = RunConfig(algorithm="clusamp", num_clients=num_clients, clients_per_round=m,
+                       **fields)
+    return build_strategy(config, OrderedDict(w=torch.zeros(dim)))
+
+
+def expected_weights(strategy, sizes, m, rounds, updates_for_round):
+    """Monte Carlo mean of each client's aggregation weight (draws / m) over ``rounds``
+    selections; the updates change every round as ``updates_for_round(r)`` says."""
+    total = torch.zeros(len(sizes), dtype=torch.float64)
+    for r in range(rounds):
+        strategy.updates = updates_for_round(r)
+        strategy.select_clients(r, sizes, m, torch_generator(7, "sample", r))
+        for client, count in strategy.draw_counts.items():
+            total[client] += count / m
+    return total / rounds
+
+
+def assert_unbiased(mean, p, rounds, m):
+    """|mean - p_i| within 5 standard errors of plain multinomial sampling's estimate (an
+    upper bound: clustered sampling's variance is no larger, the paper's Theorem 2)."""
+    se = torch.sqrt(p * (1 - p) / (m * rounds))
+    assert torch.all((mean - p).abs() <= 5 * se + 1e-12), (mean - p) / se
+
+
+def test_distributions_satisfy_eq6_exactly_including_a_client_above_one_over_m():
+    gen = torch.Generator().manual_seed(0)
+    for distance in DISTANCES:
+        for sizes in ([30, 5, 5, 12, 40, 3, 8, 9, 20, 1], [1] * 10, [200, 1, 1, 1, 1, 1, 1, 1,
+                                                                        1, 1]):
+            m = 4
+            updates = torch.randn(10, 6, generator=gen)
+            groups = tree_cut(ward_tree(distance_matrix(updates, distance)), sizes, m)
+            assert sorted(c for g in groups for c in g) == list(range(10))  # a partition
+            rows = cluster_distributions(groups, sizes, m)
+            assert len(rows) == m
+            assert all(sum(row.values()) == sum(sizes) for row in rows)  # each r_k sums 1
+            for i in range(10):  # sum_k r_(k,i) = m p_i, in integer units
+                assert sum(row.get(i, 0) for row in rows) == m * sizes[i]
+
+
+def test_expected_aggregation_weight_equals_importance_monte_carlo():
+    """Proposition 1: E[omega_i] = p_i, over 3000 rounds with fresh random updates."""
+    sizes = [30, 5, 5, 12, 40, 3, 8, 9, 20, 1, 14, 7]
+    m, rounds = 4, 3000
+    strategy = strategy_for(len(sizes), m)
+    gen = torch.Generator().manual_seed(1)
+    # Three latent groups plus noise, redrawn each round, so the clusters keep changing.
+    centers = torch.randn(3, 5, generator=gen) * 3
+
+    def updates(r):
+        return centers[torch.arange(len(sizes)) % 3] + torch.randn(len(sizes), 5,
+                                                                   generator=gen)
+
+    mean = expected_weights(strategy, sizes, m, rounds, updates)
+    p = torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+    assert_unbiased(mean, p, rounds, m)
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_separated_update_groups_are_separate_clusters_and_each_gives_one_client(distance):
+    n, m = 12, 3
+    groups = [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]  # interleaved, not by index
+    directions = torch.eye(5)[:3] * 10.0  # three orthogonal update directions
+    gen = torch.Generator().manual_seed(2)
+    updates = torch.zeros(n, 5)
+    for g, members in enumerate(groups):
+        updates[members] = directions[g] + 0.05 * torch.randn(len(members), 5, generator=gen)
+    strategy = strategy_for(n, m)
+    strategy.updates = updates
+    cut = tree_cut(ward_tree(distance_matrix(updates, distance)), [1] * n, m)
+    assert sorted(cut) == groups
+    strategy.config = strategy.config.replace(clusamp_distance=distance)
+    for r in range(200):
+        chosen = strategy.select_clients(r, [1] * n, m, torch_generator(3, "sample", r))
+        assert len(chosen) == m  # one per cluster, so never a repeat
+        assert sorted(next(g for g, members in enumerate(groups) if c in members)
+                      for c in chosen) == [0, 1, 2]
+
+
+def test_uniform_importance_and_identical_updates_is_unbiased_and_seeded():
+    n, m, rounds = 10, 3, 3000
+    strategy = strategy_for(n, m)
+    same = torch.ones(n, 5) * 0.3  # every client's update the same (also: all zero)
+    mean = expected_weights(strategy, [1] * n, m, rounds,
+                            lambda r: same if r % 2 else torch.zeros(n, 5))
+    assert_unbiased(mean, torch.full((n,), 1.0 / n, dtype=torch.float64), rounds, m)
+    for r in range(20):  # a seed gives the same selection; other rounds other ones
+        a = strategy.select_clients(r, [1] * n, m, torch_generator(5, "sample", r))
+        b = strategy.select_clients(r, [1] * n, m, torch_generator(5, "sample", r))
+        assert a == b
+    picks = {tuple(strategy.select_clients(r, [1] * n, m, torch_generator(5, "sample", r)))
+             for r in range(20)}
+    assert len(picks) > 1
+
+
+def test_aggregation_weighs_each_draw_one_over_m_and_records_updates():
+    strategy = strategy_for(4, 3, dim=2)
+    strategy.draw_counts = {0: 2, 3: 1}  # client 0 drawn by two distributions
+    results = [ClientResult(0, OrderedDict(w=torch.tensor([3.0, 0.0])), 10, 0.0),
+               ClientResult(3, OrderedDict(w=torch.tensor([0.0, 3.0])), 99, 0.0)]
+    new = strategy.aggregate(1, results)
+    assert torch.allclose(new["w"], torch.tensor([2.0, 1.0]))  # (2 x0 + x3) / 3, not samples
+    assert torch.equal(strategy.updates[0], torch.tensor([3.0, 0.0]))  # local - dispatched
+    assert torch.equal(strategy.updates[3], torch.tensor([0.0, 3.0]))
+    assert torch.equal(strategy.updates[1], torch.zeros(2))  # never sampled: zero
+
+
+def test_engine_asks_the_strategy_and_others_keep_uniform_sampling(tiny_config):
+    fedavg = Simulation(tiny_config)
+    assert fedavg.begin_round(2)[0] == sample_clients(tiny_config, 2)
+    clusamp = Simulation(tiny_config.replace(algorithm="clusamp"))
+    calls = []
+    clusamp.strategy.select_clients = lambda *args: calls.append(args) or [1, 4]
+    assert clusamp.begin_round(2)[0] == [1, 4]
+    rnd, sizes, m, _ = calls[0]
+    assert (rnd, m) == (2, 3)
+    assert sizes == [clusamp.task.num_samples(c) for c in range(6)]
+
+
+def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
+    config = tiny_config.replace(algorithm="clusamp", rounds=5, checkpoint_every=2)
+    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
+    part = str(tmp_path / "part")
+    run(config.replace(rounds=3, run_dir=part), progress=False)
+    resumed = run(config.replace(run_dir=part), progress=False)
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert [r["accuracy"] for r in full.rows] == [r["accuracy"] for r in resumed.rows]
+    saved = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["strategy"]
+             for d in ("full", "part")]
+    assert torch.equal(saved[0]["updates"], saved[1]["updates"])  # the clustering's input
+    assert saved[0]["updates"].abs().sum() > 0
+
+
+def test_runs_on_the_toy():
+    config = toy.toy_config("clusamp", rounds=4, num_clients=4, clients_per_round=2)
+    history = run(config, progress=False)
+    assert history.status == "completed" and len(history.rows) == 4
+    assert all(torch.isfinite(t).all() for t in history.final_state.values())
+
+
+def test_config_rejects_an_unknown_distance():
+    with pytest.raises(ValueError, match="clusamp_distance"):
+        RunConfig(algorithm="clusamp", clusamp_distance="manhattan").resolved()
