@@ -159,12 +159,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
+    # allow_abbrev=False everywhere: "--round 3" must not silently mean "--rounds 3".
     parser = argparse.ArgumentParser(prog="python -m flnotes", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
     p_run = sub.add_parser(
-        "run", help="train one configuration (one flag per RunConfig field; --preset, --seeds)",
+        "run", allow_abbrev=False,
+        help="train one configuration (one flag per RunConfig field; --preset, --seeds)",
         description="Train one federated configuration. Every round's line is printed as it "
         "ends; the run folder (--run-dir) holds config, metrics and checkpoints, and the same "
         "command again resumes it. Ctrl-C stops it resumably.")
@@ -175,22 +178,26 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the default on a GPU) their clients train as one stack")
     add_config_flags(p_run)
     p_run.set_defaults(func=cmd_run, command_parser=p_run)
-    p_demo = sub.add_parser("demo", help="the quick-start job: a small run and the toy notebooks")
+    p_demo = sub.add_parser("demo", allow_abbrev=False,
+                            help="the quick-start job: a small run and the toy notebooks")
     p_demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p_demo.add_argument("--skip-notebooks", action="store_true", help="only the small run")
     p_demo.set_defaults(func=cmd_demo, command_parser=p_demo)
     from flnotes.repro import sweep as sweep_cli
     from flnotes.repro import tables as tables_cli
 
-    p_sweep = sub.add_parser("sweep", help="run a YAML grid of notebooks with papermill (sweeps/)")
+    p_sweep = sub.add_parser("sweep", allow_abbrev=False,
+                             help="run a YAML grid of notebooks with papermill (sweeps/)")
     sweep_cli.add_arguments(p_sweep)
     p_sweep.set_defaults(func=sweep_cli.cmd_sweep, command_parser=p_sweep)
-    p_tab = sub.add_parser("tables", help="the papers' tables with the results of a folder of "
-                           "runs beside them")
+    p_tab = sub.add_parser("tables", allow_abbrev=False,
+                           help="the papers' tables with the results of a folder of runs "
+                           "beside them")
     tables_cli.add_arguments(p_tab)
     p_tab.set_defaults(func=tables_cli.cmd_tables, command_parser=p_tab)
-    p_pre = sub.add_parser("presets", help="list the named paper settings, or show one with "
-                           "where each value comes from")
+    p_pre = sub.add_parser("presets", allow_abbrev=False,
+                           help="list the named paper settings, or show one with where each "
+                           "value comes from")
     p_pre.add_argument("name", nargs="?", help="a preset to show (default: list them all)")
     p_pre.set_defaults(func=cmd_presets, command_parser=p_pre)
     return parser

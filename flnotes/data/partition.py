@@ -200,12 +200,22 @@ def save_manifest(
 def load_manifest(path: str | Path, labels: torch.Tensor) -> list[torch.Tensor]:
     """Read a manifest written by save_manifest, checking it was made from these labels."""
     path = Path(path)
-    with path.open() as f:
-        manifest = json.load(f)
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"partition manifest {path} cannot be read: {err}") from None
+    if not isinstance(manifest, dict) or not {"labels_sha256", "clients"} <= set(manifest):
+        raise ValueError(f"partition manifest {path} is not one save_manifest wrote: it needs "
+                         "'labels_sha256' and 'clients'")
+    try:
+        clients = _to_tensors(manifest["clients"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"partition manifest {path}: 'clients' must be lists of sample "
+                         f"indices ({err})") from None
     expected, actual = manifest["labels_sha256"], labels_hash(labels)
     if expected != actual:
         raise ValueError(
             f"manifest {path} was made from different data: its labels_sha256 is {expected}, "
             f"the given labels hash to {actual}"
         )
-    return _to_tensors(manifest["clients"])
+    return clients
