@@ -18,6 +18,7 @@ from flnotes.algorithms.clusamp import (
     ward_tree,
 )
 from flnotes.config import RunConfig
+from flnotes.engine.seeds import run_seeds
 from flnotes.engine.sim import Simulation, run, sample_clients
 from flnotes.engine.state import states_allclose
 from flnotes.rng import torch_generator
@@ -168,3 +169,14 @@ def test_runs_on_the_toy():
 def test_config_rejects_an_unknown_distance():
     with pytest.raises(ValueError, match="clusamp_distance"):
         RunConfig(algorithm="clusamp", clusamp_distance="manhattan").resolved()
+
+
+def test_stacked_seeds_select_their_own_clients_as_separate_runs(tiny_config):
+    """run_seeds goes through begin_round too: each seed's clustering is its own."""
+    config = tiny_config.replace(algorithm="clusamp", rounds=3, backend="vmap")
+    stacked = run_seeds(config, [1, 2], progress=False)
+    for seed, history in zip([1, 2], stacked, strict=True):
+        single = run(config.replace(seed=seed), progress=False)
+        assert [r["clusters"] for r in history.rows] == [r["clusters"] for r in single.rows]
+        for name, t in single.final_state.items():
+            torch.testing.assert_close(history.final_state[name], t, atol=1e-5, rtol=1e-4)
