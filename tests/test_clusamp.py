@@ -180,3 +180,30 @@ def test_stacked_seeds_select_their_own_clients_as_separate_runs(tiny_config):
         assert [r["clusters"] for r in history.rows] == [r["clusters"] for r in single.rows]
         for name, t in single.final_state.items():
             torch.testing.assert_close(history.final_state[name], t, atol=1e-5, rtol=1e-4)
+
+
+def test_count_sketch_keeps_the_clusters_and_resumes(tiny_config, tmp_path):
+    """The opt-in sketch: inner products kept in expectation (here: the same clusters of
+    well separated updates), the buckets rebuilt from the seed on resume."""
+    n, dim, k = 12, 4000, 256
+    strategy = strategy_for(n, 3, dim=dim, clusamp_sketch=k)
+    assert strategy.updates.shape == (n, k)
+    groups = [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+    gen = torch.Generator().manual_seed(4)
+    directions = torch.randn(3, dim, generator=gen)
+    for g, members in enumerate(groups):
+        for c in members:
+            strategy.draw_counts = {c: 1}
+            local = directions[g] + 0.1 * torch.randn(dim, generator=gen)
+            strategy.aggregate(1, [ClientResult(c, OrderedDict(w=strategy.global_state["w"]
+                                                               + local), 1, 0.0)])
+            strategy.global_state = OrderedDict(w=torch.zeros(dim))  # same start for all
+    cut = tree_cut(ward_tree(distance_matrix(strategy.updates, "cosine")), [1] * n, 3)
+    assert sorted(cut) == groups
+    config = tiny_config.replace(algorithm="clusamp", clusamp_sketch=16, rounds=4,
+                                 checkpoint_every=2)
+    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
+    part = str(tmp_path / "part")
+    run(config.replace(rounds=3, run_dir=part), progress=False)
+    resumed = run(config.replace(run_dir=part), progress=False)
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)

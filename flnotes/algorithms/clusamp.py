@@ -61,7 +61,11 @@ Learning, clustered_sampling; read for behaviour, nothing copied):
   that fit are kept whole.
 - Memory: the server keeps one flat update per client (N x #parameters float32, saved in
   every checkpoint), as the code does; fine for the seed papers' CNNs at 100 clients, large
-  for ResNet-18 (about 4.5 GB).
+  for ResNet-18 (about 4.5 GB). Not in the paper, opt-in: ``clusamp_sketch`` = k > 0 keeps
+  a count sketch of k numbers per update instead (each coordinate added, with a random sign,
+  to one of k buckets, both fixed by the seed), whose inner products equal the updates' in
+  expectation (variance of order |u||v|^2 / k), so the cosine and l2 distances are kept
+  approximately; l1 is refused with it.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.engine.state import is_float_layer, weighted_mean
+from flnotes.rng import torch_generator
 
 StateDict = OrderedDict[str, torch.Tensor]
 DISTANCES = ("cosine", "l1", "l2")
@@ -196,6 +201,15 @@ def draw(rows: list[dict[int, int]], total: int, generator: torch.Generator) -> 
     return picks
 
 
+def count_sketch(num_coordinates: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed bucket and sign of every coordinate (from the run's seed alone, so they
+    are rebuilt identically on resume and never saved)."""
+    g = torch_generator(seed, "clusamp-sketch")
+    buckets = torch.randint(k, (num_coordinates,), generator=g)
+    signs = torch.randint(2, (num_coordinates,), generator=g).float().mul_(2.0).sub_(1.0)
+    return buckets, signs
+
+
 class CluSamp(Strategy):
     """FedAvg with clustered sampling by update similarity (Algorithm 2)."""
 
@@ -205,8 +219,10 @@ class CluSamp(Strategy):
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)
         size = sum(t.numel() for n, t in self.global_state.items() if compared(n, t))
+        k = self.config.clusamp_sketch
+        self.sketch = count_sketch(size, k, self.config.seed) if k > 0 else None
         # The representative gradients: zero until a client is first sampled (the code).
-        self.updates = torch.zeros(self.config.num_clients, size)
+        self.updates = torch.zeros(self.config.num_clients, k if k > 0 else size)
         self.draw_counts: dict[int, int] = {}  # this round's draws per client
         self.num_groups = 0  # flat clusters of this round's tree cut (a metric)
 
@@ -237,7 +253,12 @@ class CluSamp(Strategy):
         counts = [self.draw_counts.get(r.client, 1) for r in results]
         new = weighted_mean([r.state for r in results], counts)
         for r in results:  # theta_i - theta, theta the model dispatched this round
-            self.updates[r.client] = flat_update(self.global_state, r.state)
+            update = flat_update(self.global_state, r.state)
+            if self.sketch is not None:
+                buckets, signs = self.sketch
+                update = torch.zeros(self.updates.shape[1]).index_add_(0, buckets,
+                                                                       update * signs)
+            self.updates[r.client] = update
         self.global_state = new
         return self.global_state
 

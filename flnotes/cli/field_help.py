@@ -59,6 +59,8 @@ FIELD_HELP = {
     "ntd_tau": "FedNTD: softmax temperature of the not-true distillation",
     "clusamp_distance": "CluSamp: distance between clients' last updates (cosine: their angle; "
                         "l1; l2: squared)",
+    "clusamp_sketch": "CluSamp: keep a k-number count sketch of each client's update instead "
+                      "of the whole update (0: whole, the paper; saves memory on large models)",
     # -- FedUp-table baselines (issue 12)
     "server_lr": "SCAFFOLD: server step size eta_g on the mean client update (1: FedAvg's "
                  "mean)",

@@ -85,6 +85,7 @@ class RunConfig:
     ntd_beta: float = 1.0  # FedNTD distillation weight (authors' config)
     ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
     clusamp_distance: str = "cosine"  # CluSamp: arccos of the updates. cosine (FedQP's words)
+    clusamp_sketch: int = 0  # CluSamp: 0 keeps whole updates (the paper); k: count sketches
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
     feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
@@ -290,6 +291,11 @@ def _problems(c: RunConfig):
         yield bad("fedexp_average", "must be true or false")
     if c.clusamp_distance not in ("cosine", "l1", "l2"):
         yield bad("clusamp_distance", "must be one of cosine, l1, l2")
+    if not isinstance(c.clusamp_sketch, int) or isinstance(c.clusamp_sketch, bool) \
+            or c.clusamp_sketch < 0:
+        yield bad("clusamp_sketch", "must be a non-negative integer (0: whole updates)")
+    elif c.clusamp_sketch > 0 and c.clusamp_distance == "l1":
+        yield bad("clusamp_sketch", "a count sketch keeps cosine and l2 distances, not l1")
 
 
 def _is_number(value: Any) -> bool:
