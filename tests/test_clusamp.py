@@ -207,3 +207,34 @@ def test_count_sketch_keeps_the_clusters_and_resumes(tiny_config, tmp_path):
     run(config.replace(rounds=3, run_dir=part), progress=False)
     resumed = run(config.replace(run_dir=part), progress=False)
     assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_distances_against_pair_by_pair_formulas(distance, monkeypatch):
+    """The chunked float64 distances equal the code's definitions pair by pair (arccos of the
+    cosine with 0 for a zero update, squared L2, L1), one chunk or many."""
+    import math
+
+    from flnotes.algorithms import clusamp
+
+    u = torch.randn(5, 300, generator=torch.Generator().manual_seed(6))
+    u[3] = 0.0  # a client never sampled
+
+    def pair(a, b):
+        a, b = a.tolist(), b.tolist()
+        if distance == "l1":
+            return sum(abs(x - y) for x, y in zip(a, b, strict=True))
+        if distance == "l2":
+            return sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
+        na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+        if na == 0 or nb == 0:
+            return 0.0
+        dot = sum(x * y for x, y in zip(a, b, strict=True))
+        return math.acos(max(-1.0, min(1.0, dot / (na * nb))))
+
+    expected = torch.tensor([[pair(u[i], u[j]) if i != j else 0.0 for j in range(5)]
+                             for i in range(5)], dtype=torch.float64)
+    for chunk in (clusamp.CHUNK, 64):
+        monkeypatch.setattr(clusamp, "CHUNK", chunk)
+        torch.testing.assert_close(distance_matrix(u, distance), expected, rtol=1e-9,
+                                   atol=1e-9)

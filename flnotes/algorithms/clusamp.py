@@ -83,6 +83,7 @@ from flnotes.rng import torch_generator
 StateDict = OrderedDict[str, torch.Tensor]
 DISTANCES = ("cosine", "l1", "l2")
 RUNNING_STATS = ("running_mean", "running_var")  # BatchNorm's statistics: not an update
+CHUNK = 1 << 18  # coordinates per slice when the distances are summed
 
 
 def compared(name: str, tensor: torch.Tensor) -> bool:
@@ -100,16 +101,22 @@ def flat_update(start: StateDict, local: StateDict) -> torch.Tensor:
 def distance_matrix(updates: torch.Tensor, kind: str) -> torch.Tensor:
     """Pairwise distances (float64, N x N) between the rows of ``updates`` (the code's
     ``get_matrix_similarity_from_grads``)."""
-    u = updates.double()
-    if kind == "l1":
-        return torch.cdist(u, u, p=1)
-    if kind == "l2":  # the code's "L2" is the squared distance
-        sq = u.pow(2).sum(1)
-        return (sq[:, None] + sq[None, :] - 2.0 * u @ u.T).clamp_min(0.0).fill_diagonal_(0.0)
-    if kind != "cosine":
+    if kind not in DISTANCES:
         raise ValueError(f"clusamp_distance must be one of {DISTANCES}, got {kind!r}")
-    norms = u.norm(dim=1)
-    cos = (u @ u.T) / (norms[:, None] * norms[None, :]).clamp_min(1e-300)
+    n = updates.shape[0]
+    total = torch.zeros(n, n, dtype=torch.float64)
+    # In float64, a slice of coordinates at a time: a whole N x D float64 copy would be
+    # twice the updates' own memory.
+    for start in range(0, updates.shape[1], CHUNK):
+        u = updates[:, start:start + CHUNK].double()
+        total += torch.cdist(u, u, p=1) if kind == "l1" else u @ u.T
+    if kind == "l1":
+        return total
+    sq = total.diagonal().clone()  # |u_i|^2 from the Gram matrix
+    if kind == "l2":  # the code's "L2" is the squared distance
+        return (sq[:, None] + sq[None, :] - 2.0 * total).clamp_min(0.0).fill_diagonal_(0.0)
+    norms = sq.sqrt()
+    cos = total / (norms[:, None] * norms[None, :]).clamp_min(1e-300)
     angle = torch.arccos(cos.clamp(-1.0, 1.0)).fill_diagonal_(0.0)
     zero = norms == 0
     angle[zero, :] = 0.0  # the code: a zero gradient is at distance 0 from everything
