@@ -75,7 +75,8 @@ def test_corrected_local_step_matches_a_hand_computation():
 
 def test_option_two_variates_and_server_update_on_hand_made_results(tiny_config):
     config = tiny_config.replace(algorithm="scaffold", num_clients=4, clients_per_round=2,
-                                 server_lr=0.5, local_epochs=2, batch_size=3, lr=0.1)
+                                 server_lr=0.5, local_epochs=2, batch_size=3, lr=0.1,
+                                 momentum=0.0)  # the paper's option II (plain SGD)
     x = OrderedDict(w=torch.tensor([1.0, 2.0]))
     strategy = build_strategy(config, x)
     strategy.control = OrderedDict(w=torch.tensor([0.5, -0.5]))
@@ -100,3 +101,30 @@ def test_option_two_variates_and_server_update_on_hand_made_results(tiny_config)
 def test_batchnorm_statistics_get_no_control_variate():
     model = build_model("resnet20", 10, (3, 16, 16))
     assert trainable_layer_names(model.state_dict()) == [n for n, _ in model.named_parameters()]
+
+
+def test_option_two_with_momentum_divides_by_the_steps_momentum_takes():
+    """K heavy-ball steps of a constant gradient move the model eta * S(K, m) * g: then
+    option II's variate is that gradient exactly, with momentum as without."""
+    from flnotes.algorithms.scaffold import effective_steps
+
+    assert effective_steps(7, 0.0) == 7
+    g, lr, m, k = torch.tensor([0.3, -1.2]), 0.1, 0.9, 12
+    opt_param = torch.zeros(2, requires_grad=True)
+    opt = torch.optim.SGD([opt_param], lr=lr, momentum=m)
+    for _ in range(k):
+        opt.zero_grad()
+        (opt_param @ g).backward()  # constant gradient g
+        opt.step()
+    moved = -opt_param.detach()
+    torch.testing.assert_close(moved / (lr * effective_steps(k, m)), g)
+
+
+def test_learns_with_the_mutation_papers_momentum(tiny_config):
+    """Momentum 0.9 (FedMut/FedMR's optimiser) no longer blows the variates up."""
+    config = tiny_config.replace(algorithm="scaffold", momentum=0.9, rounds=4,
+                                 clients_per_round=6, lr=0.05)
+    history = run(config, progress=False)
+    assert history.status == "completed"
+    fedavg = run(config.replace(algorithm="fedavg", weighting="uniform"), progress=False)
+    assert history.final_accuracy > 0.5 * fedavg.final_accuracy

@@ -37,7 +37,11 @@ def test_every_algorithm_runs_on_the_toy(algorithm):
     assert points["local"].shape == (config.rounds, 2, 2)
     assert torch.isfinite(points["global"]).all()
     # Round 1 starts every client at the initial model, the configured start point.
-    assert torch.allclose(points["dispatched"][0], torch.tensor([[-0.4, -0.5]] * 2))
+    # (A round that trains fewer clients, as CluSamp's with a client drawn twice, is padded
+    # with NaN rows.)
+    first = points["dispatched"][0]
+    real = first[~first.isnan().any(1)]
+    assert len(real) >= 1 and torch.allclose(real, torch.tensor([[-0.4, -0.5]] * len(real)))
     assert list(history.final_state) == ["x", "y"]
     assert toy.point_of(history.final_state) == pytest.approx(points["global"][-1].tolist())
 

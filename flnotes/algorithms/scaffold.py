@@ -31,10 +31,11 @@ Decisions where the paper leaves room:
 - Momentum and weight decay: the paper analyses plain SGD. Here the correction is part
   of the gradient, so ``weight_decay`` adds wd * y to it (the same term for every client,
   part of each client's objective) and ``momentum`` averages the corrected gradient. With
-  momentum m, option II's (x - y_i)/(K eta_l) measures the mean applied step, up to
-  1/(1-m) times the mean gradient, so the variates and the correction grow by up to that
-  factor; run SCAFFOLD with momentum 0 (as the paper, and the FedDyn authors' SCAFFOLD
-  baseline) unless a preset says otherwise.
+  momentum m, K steps of a constant gradient g move the model by eta_l * S(K, m) * g with
+  S(K, m) = sum_{k=1..K} (1 - m^k) / (1 - m) (the buffer starts empty each round), not
+  eta_l * K * g; option II divides by eta_l * S(K, m) (:func:`effective_steps`) so that
+  c_i+ still estimates the client's mean gradient. S(K, 0) = K: the paper's formula. Without
+  this, momentum 0.9 makes the variates about 10 times too large and the run diverges.
 - Control variates cover trainable layers only: BatchNorm's running statistics (the only
   float buffers of the registry's models) are averaged like FedAvg and get none.
 """
@@ -79,6 +80,14 @@ def control_penalty(params, anchor) -> torch.Tensor:
     return sum((p * anchor[CONTROL + n]).sum() for n, p in params.items())
 
 
+def effective_steps(steps: int, momentum: float) -> float:
+    """S(K, m) = sum_{k=1..K} (1 - m^k) / (1 - m): how many plain-SGD steps K heavy-ball steps
+    of one constant gradient amount to (K when m = 0)."""
+    if momentum == 0:
+        return float(steps)
+    return sum((1 - momentum ** k) / (1 - momentum) for k in range(1, steps + 1))
+
+
 class Scaffold(Strategy):
     """FedAvg whose local gradients are corrected by control variates c - c_i."""
 
@@ -120,8 +129,9 @@ class Scaffold(Strategy):
             steps = local_steps(r.num_samples, self.config.local_epochs, self.config.batch_size)
             if steps == 0:
                 continue  # no step taken: nothing measured, c_i stays
+            scale = effective_steps(steps, self.config.momentum) * lr
             new_c_i = OrderedDict(
-                (n, c_i[n] - self.control[n] + (x[n] - r.state[n]) / (steps * lr))
+                (n, c_i[n] - self.control[n] + (x[n] - r.state[n]) / scale)
                 for n in self.layers)
             for n in self.layers:
                 total_change[n] += new_c_i[n] - c_i[n]

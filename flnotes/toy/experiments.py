@@ -6,6 +6,7 @@ Every run here goes through the same :func:`flnotes.engine.sim.run` as a full-sc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -23,11 +24,19 @@ def trajectory_points(history) -> dict[str, torch.Tensor]:
     traj = history.trajectory
     if not traj:
         raise ValueError("the run has no trajectory: run it with record_states=True")
-    dispatched = torch.tensor([[point_of(s) for s in t["dispatched"]] for t in traj])
+    width = max(len(t["dispatched"]) for t in traj)
+
+    def padded(states) -> list[tuple[float, float]]:
+        # A round may train fewer clients than others (CluSamp draws a client twice and
+        # trains it once): NaN rows keep one (R, K, 2) array, and plots skip NaN points.
+        points = [point_of(s) for s in states]
+        return points + [(math.nan, math.nan)] * (width - len(points))
+
+    dispatched = torch.tensor([padded(t["dispatched"]) for t in traj])
     glob = torch.tensor([point_of(t["global"]) for t in traj])
     # Every strategy dispatches the initial model to all clients in round 1.
     return {"global": torch.cat([dispatched[0, :1], glob]), "dispatched": dispatched,
-            "local": torch.tensor([[point_of(s) for s in t["local"]] for t in traj])}
+            "local": torch.tensor([padded(t["local"]) for t in traj])}
 
 
 def mutation_points(center: Sequence[float], update: Sequence[float], *, kind: str = "sign",
