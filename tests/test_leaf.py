@@ -138,6 +138,18 @@ def test_leaf_femnist_json_round_trip(tmp_path):
     assert one.client_names[0] in big.client_names and len(one.client_names) == 1
     with pytest.raises(ValueError, match="min_samples=6"):
         leaf.load_femnist(tmp_path, False, 0, min_samples=6)
+    # pad=2 makes 32x32 images (VGG-16): the middle is the original image, each new border
+    # pixel repeats the nearest original pixel, rows and labels stay as they were.
+    padded = leaf.load_femnist(tmp_path, False, 0, min_samples=4, pad=2)
+    assert padded.train_x.shape[1:] == (1, 32, 32) and padded.test_x.shape[1:] == (1, 32, 32)
+    assert torch.equal(padded.train_x[..., 2:30, 2:30], big.train_x)
+    assert torch.equal(padded.test_x[..., 2:30, 2:30], big.test_x)
+    assert torch.equal(padded.train_x[..., 0, 2:30], big.train_x[..., 0, :])
+    assert torch.equal(padded.train_x[..., 31, 31], big.train_x[..., 27, 27])
+    assert torch.equal(padded.train_y, big.train_y)
+    for bad in (-1, 2.5, True, 65):
+        with pytest.raises(ValueError, match="pad must be an integer"):
+            leaf.load_femnist(tmp_path, False, 0, pad=bad)
 
 
 def test_natural_split_trains_through_the_engine(tmp_path, monkeypatch):

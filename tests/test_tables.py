@@ -191,7 +191,12 @@ def test_paper_settings_expand_the_tables_grid():
     assert (cell["model"], cell["beta0"], cell["rounds"], cell["dirichlet_alpha"]) == (
         "resnet18", 0.5, 2000, 0.1)
     assert settings[("CIFAR-100", "VGG-16", "iid", "FedAvg")]["model"] == "vgg16"
-    assert paper_settings("fedmr_table1") == {}  # no grid in sweeps/: nothing to check
+    fedmr = paper_settings("fedmr_table1")
+    # FedProx's mu per data set (FedMR Sec. 5.1) and the two-stage start of the deep models
+    prox = fedmr[("CIFAR-100", "ResNet-20", "iid", "FedProx")]
+    assert (prox["dataset"], prox["mu"], prox["stage1_rounds"]) == ("cifar100", 0.001, 100)
+    assert fedmr[("FEMNIST", "CNN", "leaf", "FedProx")]["mu"] == 0.1
+    assert fedmr[("FEMNIST", "VGG-16", "leaf", "FedMR")]["data_options"]["pad"] == 2
 
 
 def test_another_partition_or_mutation_is_not_the_papers_setting():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from flnotes.data.natural import (
     SEQ_LEN,
@@ -188,13 +189,17 @@ def _select_clients(data: LeafData, keep: list[int], max_samples: int | None = N
 
 
 def load_femnist(data_dir: Path, download: bool, seed: int, max_writers: int | None = None,
-                 subset_seed: int = 0, min_samples: int = 0) -> LeafData:
+                 subset_seed: int = 0, min_samples: int = 0, pad: int = 0) -> LeafData:
     """FEMNIST from LEAF's JSON (run LEAF's preprocess.sh; there is no download here).
 
     ``min_samples`` keeps only writers with at least that many training samples (FedMR's
     180 clients each "host more than 100 local data samples": 101); ``max_writers`` then
-    keeps a fixed random subset of them, drawn with ``subset_seed``.
+    keeps a fixed random subset of them, drawn with ``subset_seed``. ``pad`` widens every
+    28x28 image by that many pixels on each side (2: 32x32, for VGG-16, which FedMR's
+    Table 1 also runs on FEMNIST), repeating the border pixels, which are background.
     """
+    if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad <= 64:
+        raise ValueError(f"FEMNIST option pad must be an integer in 0..64; got {pad!r}")
     root = find_leaf_root(Path(data_dir), "femnist")
     if root is None:
         raise FileNotFoundError(
@@ -206,5 +211,11 @@ def load_femnist(data_dir: Path, download: bool, seed: int, max_writers: int | N
         raise ValueError(f"no FEMNIST writer in {root} has min_samples={min_samples} training "
                          "samples; lower min_samples")
     chosen = choose_subset(len(eligible), max_writers, subset_seed)
-    return _select_clients(data, [eligible[i] for i in chosen])
+    data = _select_clients(data, [eligible[i] for i in chosen])
+    if pad:
+        # replicate: LEAF's images have a uniform background at the border, so the new
+        # pixels continue it instead of drawing a frame of zeros around every character.
+        data.train_x = F.pad(data.train_x, (pad,) * 4, mode="replicate")
+        data.test_x = F.pad(data.test_x, (pad,) * 4, mode="replicate")
+    return data
 
