@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes import toy
+from flnotes.algorithms.base import ClientResult
 from flnotes.algorithms.fedsam import FedASAM, FedSAM
 from flnotes.config import RunConfig
 from flnotes.engine.sim import run
@@ -118,3 +119,106 @@ def test_the_fall_back_is_announced_once(tiny_config, monkeypatch):
         run(tiny_config.replace(algorithm="fedsam", backend="vmap", rounds=2), progress=False)
     notes = [w for w in caught if "loop backend" in str(w.message)]
     assert len(notes) == 1 and "fedsam" in str(notes[0].message)
+
+
+# ---- server-side SWA (the "+ SWA" rows; Caldarola et al. Sec. 4) -------------------------
+
+
+def swa_config(**changes) -> RunConfig:
+    values = dict(algorithm="fedsam", sam_rho=0.0, swa=True, rounds=9, lr=0.1,
+                  swa_start=4, swa_cycle=3, swa_lr=1e-3, weighting="uniform")
+    return RunConfig(**{**values, **changes})
+
+
+def test_swa_learning_rate_cycles_from_lr_down_to_swa_lr():
+    strategy = FedSAM(swa_config(), {"w": torch.zeros(2)})
+    # t(r) = ((r - s) mod c + 1) / c, lr(r) = (1 - t) lr + t swa_lr, from s = 4 on
+    for r in range(1, 10):
+        t = None if r < 4 else ((r - 4) % 3 + 1) / 3
+        expected = 0.1 if t is None else (1 - t) * 0.1 + t * 1e-3
+        assert strategy.local_lr(r) == pytest.approx(expected, rel=1e-12)
+    assert strategy.local_lr(6) == pytest.approx(1e-3)  # the end of a cycle: the lowest rate
+    # c = 1 keeps the rate; the default start is the round after 3/4 of the rounds (int(0.75 R)
+    # rounds counted from 0 in the authors' code); without swa nothing changes.
+    one = FedSAM(swa_config(swa_cycle=1, swa_start=None, rounds=10), {"w": torch.zeros(2)})
+    assert one.swa_start == 8 and {one.local_lr(r) for r in range(1, 11)} == {0.1}
+    off = FedSAM(swa_config(swa=False), {"w": torch.zeros(2)})
+    assert {off.local_lr(r) for r in range(1, 10)} == {0.1}
+
+
+def test_swa_reports_the_mean_of_one_global_model_per_cycle():
+    gen = torch.Generator().manual_seed(0)
+    start = {"w": torch.zeros(3, dtype=torch.float64), "bn.num_batches_tracked": torch.tensor(0)}
+    strategy = FedSAM(swa_config(), start)
+    means, reported = [], []
+    for r in range(1, 10):
+        states = [{"w": torch.randn(3, generator=gen, dtype=torch.float64),
+                   "bn.num_batches_tracked": torch.tensor(r)} for _ in range(2)]
+        dispatched = strategy.dispatch(r, [0, 1])
+        if means:  # clients always start from FedAvg's mean, never from the SWA mean
+            assert all(torch.equal(d["w"], means[-1]) for d in dispatched)
+        out = strategy.aggregate(r, [ClientResult(i, s, 5, 0.0) for i, s in enumerate(states)])
+        means.append((states[0]["w"] + states[1]["w"]) / 2)
+        reported.append(out["w"].clone())
+        # integer entries are not averaged: they follow the last model folded into the mean
+        assert out["bn.num_batches_tracked"] == (r if r < 6 else 6 if r < 9 else 9)
+    # Cycles of 3 rounds from round 4: the ends are rounds 6 and 9. Before round 6 the
+    # reported model is FedAvg's; from 6 on, the mean of the cycle ends' models so far.
+    for r in range(1, 6):
+        assert torch.allclose(reported[r - 1], means[r - 1], rtol=0, atol=1e-15)
+    for r in (6, 7, 8):
+        assert torch.allclose(reported[r - 1], means[5], rtol=0, atol=1e-15)
+    assert torch.allclose(reported[8], (means[5] + means[8]) / 2, rtol=0, atol=1e-15)
+    assert strategy.round_metrics(None) == {"swa_models": 2.0}
+
+
+def test_swa_trains_the_round_with_its_learning_rate(tiny_config):
+    from flnotes.engine.backends import train_clients
+    from flnotes.engine.sim import Simulation
+    from flnotes.engine.train import train_clients_loop
+
+    config = tiny_config.replace(algorithm="fedsam", sam_rho=0.0, swa=True, swa_start=1,
+                                 swa_cycle=4, swa_lr=1e-3)
+    sim = Simulation(config)
+    clients, starts = sim.begin_round(2)
+    got = train_clients(sim.task, sim.strategy, 2, clients, starts, sim.config)
+    lr = 0.5 * sim.config.lr + 0.5 * 1e-3  # t = 2/4 in the second round of the cycle
+    want = train_clients_loop(sim.task, sim.strategy, 2, clients, starts,
+                              sim.config.replace(lr=lr))
+    plain = train_clients_loop(sim.task, sim.strategy, 2, clients, starts, sim.config)
+    for a, b, c in zip(got, want, plain, strict=True):
+        assert states_allclose(a.state, b.state, rtol=0, atol=0)
+        assert not states_allclose(a.state, c.state)
+
+
+def test_swa_with_rho_zero_and_one_round_cycles_is_the_mean_of_fedavgs_models(tiny_config):
+    config = tiny_config.replace(rounds=5, record_states=True)
+    fedavg = run(config.replace(algorithm="fedavg"), progress=False)
+    swa = run(config.replace(algorithm="fedsam", sam_rho=0.0, swa=True, swa_start=3),
+              progress=False)
+    globals_ = [step["global"] for step in fedavg.trajectory]
+    for step, other in zip(swa.trajectory, fedavg.trajectory, strict=True):
+        for a, b in zip(step["dispatched"], other["dispatched"], strict=True):
+            assert states_allclose(a, b, rtol=0, atol=0)  # FedAvg's run underneath
+    expected = {k: sum(g[k] for g in globals_[2:]) / 3 if v.is_floating_point() else v
+                for k, v in globals_[-1].items()}
+    assert states_allclose(swa.final_state, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_swa_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
+    config = tiny_config.replace(algorithm="fedsam", rounds=6, checkpoint_every=2, swa=True,
+                                 swa_start=2, swa_cycle=2)
+    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
+    part = str(tmp_path / "part")
+    run(config.replace(rounds=5, run_dir=part), progress=False)
+    resumed = run(config.replace(run_dir=part), progress=False)
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert [r["swa_models"] for r in full.rows] == [r["swa_models"] for r in resumed.rows]
+
+
+def test_swa_is_refused_for_other_methods_and_bad_values():
+    with pytest.raises(ValueError, match="swa.*fedsam or fedasam"):
+        RunConfig(algorithm="fedavg", swa=True)
+    for field, value in [("swa_start", 0), ("swa_cycle", 0), ("swa_lr", 0.0), ("swa", "yes")]:
+        with pytest.raises(ValueError, match=field):
+            RunConfig(algorithm="fedsam", **{field: value})

@@ -6,7 +6,8 @@ a backend in :mod:`flnotes.engine.train`, adding ``local_penalty`` to the loss, 
 strategy's own ``local_update``), then ``aggregate`` (the new global state). Local training
 has two more hooks: ``local_gradient`` (how a step's gradient is taken: FedSAM's two
 passes) and ``teacher_loss`` (a term from a detached teacher's outputs on the same batch:
-FedNTD's distillation from the dispatched model). A strategy
+FedNTD's distillation from the dispatched model); ``local_lr`` gives a round its own
+learning rate (FedSAM's SWA cycles). A strategy
 sees models only as states, so it runs unchanged on the 2-parameter toy and on a ResNet.
 """
 
@@ -68,6 +69,15 @@ class Strategy:
     def dispatch(self, round: int, clients: list[int]) -> list[OrderedDict[str, torch.Tensor]]:
         """The state each sampled client starts local training from (FedAvg: the global)."""
         return [self.global_state for _ in clients]
+
+    def local_lr(self, round: int) -> float:
+        """The learning rate of every local step in ``round`` (default: the config's ``lr``).
+
+        A strategy with a schedule (FedSAM's SWA phase: a cyclical rate) returns it here;
+        the engine trains the round's clients with it in place of ``config.lr``
+        (:func:`flnotes.engine.backends.round_config`).
+        """
+        return self.config.lr
 
     def penalty_anchor(self, start: dict[str, torch.Tensor],
                        client: int) -> dict[str, torch.Tensor]:

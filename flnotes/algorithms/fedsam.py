@@ -30,16 +30,40 @@ whose minimizers are ASAM's own):
   default, Foret et al.), FedASAM 0.5 with eta 0.01 (ASAM's defaults, also the defaults of
   the FedSAM code's ASAM minimizer). rho = 0 is exactly FedAvg: the strategy then skips the
   second pass.
-- Not built: FedSAM's server-side SWA variant.
+
+Server-side SWA (``swa``; the paper's "+ SWA" rows, Sec. 4 there, after Izmailov et al. 2018):
+in the last rounds the server keeps a running mean of the global models, one per cycle of
+c rounds, and reports that mean; the clients go on training from FedAvg's mean. Within a
+cycle the clients' learning rate falls linearly from lr to swa_lr:
+
+    t(r)  = (((r - s) mod c) + 1) / c        for rounds r >= s (s = swa_start)
+    lr(r) = (1 - t(r)) lr + t(r) swa_lr
+    w_SWA <- (n w_SWA + w) / (n + 1)         after the last round of each cycle (t = 1)
+
+Decisions (the authors' code, main.py and fedavg_server.py, where the paper is silent):
+
+- s defaults to the round after three quarters of the rounds (the code's int(0.75 R),
+  counted from 0), c to 1 (then the rate stays lr and every round's model is averaged),
+  swa_lr to 1e-4. The paper's CIFAR runs use c = 10.
+- The model is averaged after the cycle's last round, where the rate is lowest, as the
+  paper's and SWA's schedule intends; the code averages one round later (after the first,
+  high-rate round of the next cycle). With c = 1 the two agree.
+- The reported model is FedAvg's global model until the first cycle ends (the code
+  reports a copy of the global model frozen at round s until then).
+- Every float entry is averaged, BatchNorm statistics included, as FedAvg averages them;
+  the code averages the parameters only and keeps the statistics of round s.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from flnotes.algorithms.base import Strategy
+from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.engine.state import is_float_layer
 
 GRAD_NORM_EPS = 1e-16  # added to ||T_w g|| as in the authors' code
 
@@ -92,6 +116,12 @@ class FedSAM(Strategy):
     adaptive = False
     default_rho = 0.05  # SAM's default (Foret et al. 2021)
 
+    def __init__(self, config, global_state) -> None:
+        super().__init__(config, global_state)
+        self.iterate = self.global_state  # FedAvg's mean: what the clients train from
+        self.swa_state: OrderedDict | None = None  # w_SWA, None before the first cycle ends
+        self.swa_models = 0  # n: models averaged into w_SWA
+
     @property
     def rho(self) -> float:
         """The neighbourhood radius: ``sam_rho``, or this method's default when None."""
@@ -105,6 +135,68 @@ class FedSAM(Strategy):
         """The gradient at the ascent point w + e, applied from w."""
         return sharpness_aware_gradient(params, closure, self.rho, self.adaptive,
                                         self.config.asam_eta)
+
+    # ---- server-side SWA ----------------------------------------------------------
+    @property
+    def swa_start(self) -> int:
+        """s: the first round of the SWA phase (1-based)."""
+        if self.config.swa_start is not None:
+            return self.config.swa_start
+        return int(0.75 * self.config.rounds) + 1  # the code's int(0.75 R), counted from 0
+
+    def swa_phase(self, round: int) -> float | None:
+        """t(r) in (0, 1] during the SWA phase, None before it (or without SWA)."""
+        if not self.config.swa or round < self.swa_start:
+            return None
+        cycle = self.config.swa_cycle
+        return (((round - self.swa_start) % cycle) + 1) / cycle
+
+    def local_lr(self, round: int) -> float:
+        """lr before the SWA phase; within each cycle, linear from lr down to swa_lr."""
+        t = self.swa_phase(round)
+        if t is None or self.config.swa_cycle == 1:
+            return self.config.lr
+        return (1.0 - t) * self.config.lr + t * self.config.swa_lr
+
+    def dispatch(self, round: int, clients: list[int]):
+        """FedAvg's global model (not the reported SWA mean)."""
+        return [self.iterate for _ in clients]
+
+    def aggregate(self, round: int, results: list[ClientResult]):
+        """FedAvg's mean; at the end of each SWA cycle, fold it into the running mean."""
+        self.iterate = self.average(results)
+        if self.swa_phase(round) == 1.0:
+            n = self.swa_models
+            if self.swa_state is None:
+                self.swa_state = OrderedDict((k, v.clone()) for k, v in self.iterate.items())
+            else:
+                self.swa_state = OrderedDict(
+                    (k, (v * n + self.iterate[k]) / (n + 1) if is_float_layer(v)
+                     else self.iterate[k].clone())
+                    for k, v in self.swa_state.items())
+            self.swa_models = n + 1
+        self.global_state = self.iterate if self.swa_state is None else self.swa_state
+        return self.global_state
+
+    def round_metrics(self, task) -> dict[str, float]:
+        """With SWA: how many models the reported mean holds."""
+        return {"swa_models": float(self.swa_models)} if self.config.swa else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The reported model, FedAvg's iterate and the SWA mean with its count."""
+        values = {**super().state_dict(), "iterate": self.iterate,
+                  "swa_models": self.swa_models}
+        if self.swa_state is not None:
+            values["swa_state"] = self.swa_state
+        return values
+
+    def load_state_dict(self, values: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        super().load_state_dict(values)
+        self.iterate = OrderedDict(values.get("iterate", values["global_state"]))
+        swa = values.get("swa_state")
+        self.swa_state = OrderedDict(swa) if swa is not None else None
+        self.swa_models = int(values.get("swa_models", 0))
 
 
 class FedASAM(FedSAM):

@@ -82,6 +82,11 @@ class RunConfig:
     fedexp_average: bool = True  # FedExP: evaluate the mean of the last two iterates
     sam_rho: float | None = None  # FedSAM/FedASAM radius; None: 0.05 (SAM) / 0.5 (ASAM)
     asam_eta: float = 0.01  # FedASAM: T_w = |w| + eta (ASAM's default)
+    # FedSAM/FedASAM's server-side SWA (Caldarola et al. Sec. 4; sam_rho 0 gives FedAvg + SWA)
+    swa: bool = False
+    swa_start: int | None = None  # first round of the SWA phase; None: after 75% of rounds
+    swa_cycle: int = 1  # c: rounds per cycle of the learning rate and per averaged model
+    swa_lr: float = 1e-4  # the cycle's lowest learning rate (the authors' code's default)
     ntd_beta: float = 1.0  # FedNTD distillation weight (authors' config)
     ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
     clusamp_distance: str = "cosine"  # CluSamp: arccos of the updates. cosine (FedQP's words)
@@ -289,6 +294,18 @@ def _problems(c: RunConfig):
                       + (" (or None for the default)" if name == "sam_rho" else ""))
     if not isinstance(c.fedexp_average, bool):
         yield bad("fedexp_average", "must be true or false")
+    if not isinstance(c.swa, bool):
+        yield bad("swa", "must be true or false")
+    elif c.swa and c.algorithm not in ("fedsam", "fedasam"):
+        yield bad("swa", "is FedSAM's server-side averaging: use algorithm fedsam or fedasam "
+                  "(fedsam with sam_rho 0 is FedAvg + SWA)")
+    if c.swa_start is not None and (not isinstance(c.swa_start, int)
+                                    or isinstance(c.swa_start, bool) or c.swa_start < 1):
+        yield bad("swa_start", "must be a round number >= 1 (or None: after 75% of the rounds)")
+    if not isinstance(c.swa_cycle, int) or isinstance(c.swa_cycle, bool) or c.swa_cycle < 1:
+        yield bad("swa_cycle", "must be an integer >= 1")
+    if not _is_number(c.swa_lr) or c.swa_lr <= 0:
+        yield bad("swa_lr", "must be a positive finite number")
     if c.clusamp_distance not in ("cosine", "l1", "l2"):
         yield bad("clusamp_distance", "must be one of cosine, l1, l2")
     if not isinstance(c.clusamp_sketch, int) or isinstance(c.clusamp_sketch, bool) \

@@ -25,10 +25,17 @@ def resolve_backend(config) -> str:
     return "vmap" if resolve_device(config.device).type == "cuda" else "loop"
 
 
+def round_config(strategy: Strategy, round: int, config):
+    """``config`` with the strategy's learning rate for ``round`` (itself when unchanged)."""
+    lr = strategy.local_lr(round)
+    return config if lr == config.lr else config.replace(lr=lr)
+
+
 def train_clients(
     task, strategy: Strategy, round: int, clients: list[int], starts: list, config
 ) -> list[ClientResult]:
     """Train every sampled client from its start state with the configured backend."""
+    config = round_config(strategy, round, config)
     backend = resolve_backend(config)
     if backend == "loop":
         return train_clients_loop(task, strategy, round, clients, starts, config)

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flnotes.algorithms.base import ClientResult
-from flnotes.engine.backends import resolve_backend, train_clients
+from flnotes.engine.backends import resolve_backend, round_config, train_clients
 from flnotes.engine.batched.stacked import train_supervised
 from flnotes.engine.history import History
 from flnotes.engine.sim import Simulation, run
@@ -105,7 +105,8 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
     # Once S x K models did not fit, later rounds go run by run at once.
     cache = plans[stackable[0]][0].task.backend_cache if stackable else {}
     if stackable and not cache.get("seed-stack-too-big"):
-        groups = [(sim.task, sim.strategy, sim.config, clients, starts)
+        groups = [(sim.task, sim.strategy, round_config(sim.strategy, rnd, sim.config),
+                   clients, starts)
                   for sim, clients, starts in (plans[i] for i in stackable)]
         too_big = False
         try:
