@@ -20,7 +20,8 @@ from flnotes.rng import torch_generator
 
 
 def ntd_by_hand(logits, teacher, targets, tau):
-    """(1/B) sum_b sum_{c != y_b} q_g(c) log(q_g(c) / q_l(c)), softmaxes over c != y_b."""
+    """tau^2 (1/B) sum_b sum_{c != y_b} q_g(c) log(q_g(c) / q_l(c)), softmaxes over c != y_b
+    (the tau^2 of the authors' NTD_Loss)."""
     total = 0.0
     for zl, zg, y in zip(logits.tolist(), teacher.tolist(), targets.tolist(), strict=True):
         others = [c for c in range(len(zl)) if c != y]
@@ -29,7 +30,7 @@ def ntd_by_hand(logits, teacher, targets, tau):
         for c in others:
             ql, qg = math.exp(zl[c] / tau) / norm_l, math.exp(zg[c] / tau) / norm_g
             total += qg * math.log(qg / ql)
-    return total / len(targets)
+    return tau * tau * total / len(targets)
 
 
 @pytest.mark.parametrize("tau", [1.0, 3.0])
@@ -44,7 +45,7 @@ def test_loss_matches_the_formula_and_its_gradient(tau):
     mask = F.one_hot(targets, 5).bool()
     log_ql = F.log_softmax((logits / tau).masked_fill(mask, -math.inf), dim=1)
     qg = F.softmax((teacher / tau).masked_fill(mask, -math.inf), dim=1)
-    dense = torch.where(mask, 0.0, qg * (qg.log() - log_ql)).sum() / 7
+    dense = tau * tau * torch.where(mask, 0.0, qg * (qg.log() - log_ql)).sum() / 7
     (grad,) = torch.autograd.grad(loss, logits)
     (ref,) = torch.autograd.grad(dense, logits)
     assert torch.allclose(grad, ref, rtol=1e-9, atol=1e-12)
@@ -90,7 +91,7 @@ def test_local_training_distils_from_the_dispatched_model(tiny_config):
             mask = F.one_hot(y[idx], out.shape[1]).bool()
             log_ql = F.log_softmax((out / 2.0).masked_fill(mask, -math.inf), dim=1)
             qg = F.softmax((t_out / 2.0).masked_fill(mask, -math.inf), dim=1)
-            kl = torch.where(mask, 0.0, qg * (qg.log() - log_ql)).sum() / len(idx)
+            kl = 4.0 * torch.where(mask, 0.0, qg * (qg.log() - log_ql)).sum() / len(idx)  # tau^2
             opt.zero_grad()
             (F.cross_entropy(out, y[idx]) + 0.7 * kl).backward()
             opt.step()

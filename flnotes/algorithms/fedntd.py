@@ -5,7 +5,7 @@ model's predictions over the classes that are not the sample's label.
 Local loss on a batch (paper eq. 4-5; Alg. 1):
 
     L = CE(q^l, y) + beta * L_NTD
-    L_NTD = (1/B) sum_b sum_{c != y_b} q~^g_tau(c) log(q~^g_tau(c) / q~^l_tau(c))
+    L_NTD = tau^2 (1/B) sum_b sum_{c != y_b} q~^g_tau(c) log(q~^g_tau(c) / q~^l_tau(c))
 
 where q~_tau(c) = exp(z_c / tau) / sum_{c' != y} exp(z_c' / tau) is the softmax over the
 not-true logits only (the true class's logit removed), z^l the local model's logits and z^g
@@ -15,8 +15,9 @@ the direction of ``KLDivLoss(log q~^l, q~^g)`` in the authors' code (Lee-Gihun/F
 
 Decisions where the paper leaves room:
 
-- No tau^2 factor: neither the paper's L_NTD nor the authors' code multiplies by tau^2 (the
-  usual Hinton scaling); at the defaults (tau = 1) the two readings agree.
+- The tau^2 factor (Hinton's scaling, which keeps the gradient's size as tau grows) is the
+  authors' code's (``NTD_Loss._ntd_loss``: ``(self.tau ** 2) * self.KLDiv(...)``); the
+  paper's eq. 5 writes L_NTD without it. At the defaults (tau = 1) the two readings agree.
 - Defaults beta = 1, tau = 1: the authors' config (config/fedntd.json). beta = 0 is exactly
   FedAvg (the teacher is then not even run).
 - The teacher runs in eval mode (BatchNorm with its running statistics, no dropout): in the
@@ -45,12 +46,12 @@ def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 def ntd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
              tau: float) -> torch.Tensor:
-    """KL(teacher || student) of the tempered softmax over not-true classes, batch mean."""
+    """tau^2 KL(teacher || student) of the tempered softmax over not-true classes, batch mean."""
     if logits.dim() != 2 or logits.shape[1] < 2:  # no not-true class (the toy's (B, 1))
         return logits.sum() * 0.0
     student = F.log_softmax(not_true_logits(logits, targets) / tau, dim=1)
     teacher = F.softmax(not_true_logits(teacher_logits.detach(), targets) / tau, dim=1)
-    return F.kl_div(student, teacher, reduction="batchmean")
+    return tau * tau * F.kl_div(student, teacher, reduction="batchmean")
 
 
 class FedNTD(Strategy):
