@@ -24,6 +24,7 @@ _REGISTRY = {
     "fedasam": "flnotes.algorithms.fedsam:FedASAM",
     "fedntd": "flnotes.algorithms.fedntd:FedNTD",
     "clusamp": "flnotes.algorithms.clusamp:CluSamp",
+    "fedgen": "flnotes.algorithms.fedgen:FedGen",
     # baselines of FedUp's tables (issue 12)
     "scaffold": "flnotes.algorithms.scaffold:Scaffold",
     "feddyn": "flnotes.algorithms.feddyn:FedDyn",

@@ -6,7 +6,8 @@ a backend in :mod:`flnotes.engine.train`, adding ``local_penalty`` to the loss, 
 strategy's own ``local_update``), then ``aggregate`` (the new global state). Local training
 has two more hooks: ``local_gradient`` (how a step's gradient is taken: FedSAM's two
 passes) and ``teacher_loss`` (a term from a detached teacher's outputs on the same batch:
-FedNTD's distillation from the dispatched model); ``local_lr`` gives a round its own
+FedNTD's distillation from the dispatched model), and ``batch_loss`` (a term from the live
+model on each batch: FedGen's head on generated features); ``local_lr`` gives a round its own
 learning rate (FedSAM's SWA cycles). A strategy
 sees models only as states, so it runs unchanged on the 2-parameter toy and on a ResNet.
 """
@@ -49,6 +50,8 @@ class Strategy:
     has_local_gradient = False
     # True when teacher_loss adds a term from a detached teacher's outputs (FedNTD).
     has_teacher = False
+    # True when batch_loss gives each client a term computed from the live model (FedGen).
+    has_batch_loss = False
 
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()
@@ -123,6 +126,19 @@ class Strategy:
                      teacher_outputs: torch.Tensor) -> torch.Tensor | None:
         """Extra local loss term from the teacher's outputs on the same batch (no gradient
         flows into the teacher, which runs in eval mode). Used when ``has_teacher`` is True."""
+        return None
+
+    def batch_loss(self, round: int, client: int) -> Callable | None:
+        """``client``'s extra loss term for ``round``: a callable ``(model, inputs, targets,
+        outputs) -> Tensor | None`` called on every local batch with the live model (its
+        parameters carry gradients) and the batch's outputs, or None for no term.
+
+        For a term that needs more than the parameters and the outputs, e.g. FedGen's
+        classifier head applied to generated features. Each client gets its own callable,
+        so it can hold the client's random stream (seeded from the run's seed, the round and
+        the client: the same on resume) and what it counts on the way (labels seen). Used
+        when ``has_batch_loss`` is True; the loop backend runs it (the stack falls back).
+        """
         return None
 
     def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:

@@ -91,6 +91,12 @@ class RunConfig:
     ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
     clusamp_distance: str = "cosine"  # CluSamp: arccos of the updates. cosine (FedQP's words)
     clusamp_sketch: int = 0  # CluSamp: 0 keeps whole updates (the paper); k: count sketches
+    # FedGen (the authors' code's MNIST/EMNIST settings; it ships none for CIFAR)
+    fedgen_alpha: float = 10.0  # weight of the generated-label cross-entropy (teacher) term
+    fedgen_beta: float = 10.0  # weight of the generated-feature KL (latent) term
+    fedgen_lr: float = 3e-4  # Adam learning rate of the server's generator
+    fedgen_steps: int = 50  # generator steps per round (the code's 10 x 5)
+    fedgen_batch: int = 32  # generated samples per local step (the code's gen_batch_size)
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
     feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
@@ -306,6 +312,15 @@ def _problems(c: RunConfig):
         yield bad("swa_cycle", "must be an integer >= 1")
     if not _is_number(c.swa_lr) or c.swa_lr <= 0:
         yield bad("swa_lr", "must be a positive finite number")
+    for name in ("fedgen_alpha", "fedgen_beta"):
+        if not _is_number(getattr(c, name)) or getattr(c, name) < 0:
+            yield bad(name, "must be a non-negative finite number (0 turns the term off)")
+    if not _is_number(c.fedgen_lr) or c.fedgen_lr <= 0:
+        yield bad("fedgen_lr", "must be a positive finite number")
+    for name, low in (("fedgen_steps", 0), ("fedgen_batch", 1)):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            yield bad(name, f"must be an integer >= {low}")
     if c.clusamp_distance not in ("cosine", "l1", "l2"):
         yield bad("clusamp_distance", "must be one of cosine, l1, l2")
     if not isinstance(c.clusamp_sketch, int) or isinstance(c.clusamp_sketch, bool) \

@@ -67,6 +67,7 @@ def local_sgd(
     local_gradient: Callable[[dict, Callable], torch.Tensor] | None = None,
     teacher: nn.Module | None = None,
     teacher_loss: Callable | None = None,
+    batch_loss: Callable | None = None,
 ) -> tuple[OrderedDict[str, torch.Tensor], float]:
     """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss.
 
@@ -74,6 +75,8 @@ def local_sgd(
     ``teacher_loss(outputs, targets, teacher_outputs)`` is added too, with ``teacher``'s
     outputs on the batch (computed without gradient). ``local_gradient(params, closure)``
     takes each step's gradient (Strategy.local_gradient); None: one backward, plain SGD.
+    ``batch_loss(model, inputs, targets, outputs)`` (Strategy.batch_loss) adds a term from
+    the live model on each batch.
     """
     model.load_state_dict(start)
     model.train()
@@ -99,6 +102,10 @@ def local_sgd(
                     total = loss + extra
             if teacher_out is not None:
                 extra = teacher_loss(out, yb, teacher_out)
+                if extra is not None:
+                    total = total + extra
+            if batch_loss is not None:
+                extra = batch_loss(model, xb, yb, out)
                 if extra is not None:
                     total = total + extra
             opt.zero_grad(set_to_none=True)
@@ -143,6 +150,7 @@ def train_clients_loop(
             anchor=strategy.penalty_anchor(start, client) if penalty is not None else None,
             local_gradient=local_gradient, teacher=teacher,
             teacher_loss=strategy.teacher_loss if teacher is not None else None,
+            batch_loss=strategy.batch_loss(round, client) if strategy.has_batch_loss else None,
         )
         results.append(ClientResult(client, state, len(y), loss))
     return results

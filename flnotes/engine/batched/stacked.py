@@ -100,10 +100,11 @@ def stacks(strategy) -> bool:
 
     The stacked step has neither a second forward-backward pass per step
     (``Strategy.local_gradient``, FedSAM) nor a teacher model (``Strategy.teacher_loss``,
-    FedNTD); such a strategy's clients train on the loop backend, whose results the stack
-    would only have reproduced.
+    FedNTD) nor a term from the live model (``Strategy.batch_loss``, FedGen); such a
+    strategy's clients train on the loop backend, whose results the stack would only have
+    reproduced.
     """
-    if not (strategy.has_local_gradient or strategy.has_teacher):
+    if not (strategy.has_local_gradient or strategy.has_teacher or strategy.has_batch_loss):
         return True
     if strategy.name not in _NOTED:
         _NOTED.add(strategy.name)

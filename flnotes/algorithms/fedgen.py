@@ -1,0 +1,267 @@
+"""FedGen (Zhu, Hong, Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated
+Learning", ICML 2021): FedAvg whose server learns a generator of classifier-input features
+from the clients' classifier heads, and whose clients regularise with its features.
+
+A model is a feature extractor and a classifier head h (its last linear layer). The
+generator G_w(z | y) maps noise eps and a label y to a feature z of h's input size. Every
+round (Alg. 1 of the paper; the authors' serverpFedGen.train):
+
+- clients train from the global model; from round 2 on each local step adds
+
+      alpha_t * (B_g / B) * mean_{y~ ~ U(labels)} CE(h(G(y~)), y~)        (eq. 8, teacher)
+    + beta_t  * KL( softmax(h(G(y_b))) || softmax(f(x_b)) )               (eq. 8, latent)
+
+  with B_g = ``fedgen_batch`` generated samples per step, B the batch size, y~ drawn
+  uniformly from all labels, (x_b, y_b) the real batch, the target softmax(h(G(y_b)))
+  held fixed, and alpha_t = max(1e-4, alpha 0.98^(t-1)), likewise beta_t (the code's decay);
+- the server, before averaging, trains G for ``fedgen_steps`` Adam steps to make the
+  sampled clients' heads agree with the label it was asked for (eq. 4-5):
+
+      min_w  sum_k mean_y [ w_k(y) CE(h_k(G(y)), y) ]  +  diversity(eps, G(y))
+
+  where w_k(y) is client k's share of the round's samples of label y, labels y drawn
+  uniformly from those some client saw, and diversity(eps, z) = exp(-mean_{i,j}
+  ||eps_i - eps_j||^2_mean * |z_i - z_j|_mean) keeps different noise on different
+  features; then the clients' models are averaged as FedAvg does.
+
+Decisions where the paper leaves room (the authors' code, zhuangdizhu/FedGen):
+
+- G: Linear(noise + classes, hidden), BatchNorm1d, ReLU, Linear(hidden, feature size);
+  hidden 512 with 64 noise numbers for 3-channel images (the code's CIFAR generator), 256
+  with 32 otherwise (its MNIST/EMNIST one). The head is the model's last linear layer
+  (every classifier in the registry ends in one); the feature size is its input size.
+- Noise eps ~ N(0, I) as the paper states; the code draws torch.rand (uniform on [0, 1))
+  under a comment that says Gaussian.
+- Values: the code's MNIST/EMNIST run settings (it ships none for CIFAR): Adam lr 3e-4,
+  weight decay 1e-2, lr x 0.98 per round, 50 generator steps per round (ensemble_epochs
+  50 = 10 x 5 teacher iterations) of the clients' batch size; alpha = beta = 10 (its
+  MNIST values), B_g = 32; ensemble_alpha = eta = 1, beta = 0 (no adversarial student term).
+- Label shares w_k(y): the code counts the labels each client saw in its local steps,
+  starting every count at 1; so do we (the counts of one round). A label is drawn for G's
+  training when some client saw it more than once (the code's MIN_SAMPLES_PER_LABEL).
+- G trains in train mode on the server (BatchNorm on the batch) and serves the clients in
+  eval mode (its running statistics), as in the code; clients never update G.
+- The regulariser starts in round 2 (the code's glob_iter > 0): round 1 has no generator
+  trained yet. With alpha = beta = 0 no term is added at all: FedAvg bit for bit.
+- A model without a classifier head (the 2-D toy, two numbers) has nothing to generate
+  for: FedGen trains as FedAvg there, and says so once.
+- Random streams: the server's from (seed, round), each client's from (seed, round,
+  client), so a resumed run repeats the uninterrupted one; G, its Adam state and learning
+  rate are in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.rng import seeded_cpu_rng, torch_generator
+
+ADAM_WEIGHT_DECAY = 1e-2  # the code's RUNCONFIGS weight_decay for G's Adam
+LR_DECAY = 0.98  # G's learning rate and alpha_t, beta_t decay per round (the code's 0.98)
+MIN_WEIGHT = 1e-4  # alpha_t, beta_t never fall below this (the code's exp_lr_scheduler floor)
+MIN_SAMPLES_PER_LABEL = 1  # a label trains G when some client saw it more often than this
+
+
+def head_name(state) -> str | None:
+    """The module name of a state's classifier head: its last 2-D ``*.weight`` (None: none).
+
+    The registry's models create their parameters in forward order and end in one linear
+    layer (tests/test_fedgen.py checks each), so that layer is the last matrix of the state.
+    """
+    heads = [k[: -len(".weight")] for k, v in state.items()
+             if k.endswith(".weight") and v.dim() == 2]
+    return heads[-1] if heads else None
+
+
+def head_logits(state, name: str, features: torch.Tensor) -> torch.Tensor:
+    """A state's classifier head applied to features: features @ W^T + b."""
+    return F.linear(features, state[f"{name}.weight"], state.get(f"{name}.bias"))
+
+
+class FeatureGenerator(nn.Module):
+    """G(z | y): [eps, one-hot y] -> Linear -> BatchNorm1d -> ReLU -> Linear -> feature."""
+
+    def __init__(self, num_classes: int, feature_dim: int, noise_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.num_classes, self.noise_dim = num_classes, noise_dim
+        self.hidden = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden),
+                                    nn.BatchNorm1d(hidden), nn.ReLU())
+        self.out = nn.Linear(hidden, feature_dim)
+
+    def forward(self, labels: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """(B,) labels and (B, noise_dim) noise -> (B, feature_dim) features."""
+        onehot = F.one_hot(labels, self.num_classes).to(noise.dtype)
+        return self.out(self.hidden(torch.cat([noise, onehot], dim=1)))
+
+
+def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """exp(-mean_{i,j} d2(eps_i, eps_j) d1(z_i, z_j)); d2 mean squared, d1 mean absolute."""
+    noise_dist = (noise[:, None, :] - noise[None, :, :]).pow(2).mean(dim=2)
+    feature_dist = (features[:, None, :] - features[None, :, :]).abs().mean(dim=2)
+    return torch.exp(-(noise_dist * feature_dist).mean())
+
+
+class FedGen(Strategy):
+    """FedAvg with a server-trained feature generator that regularises the clients' heads."""
+
+    name = "fedgen"
+    default_weighting = "samples"
+
+    def __init__(self, config, global_state) -> None:
+        super().__init__(config, global_state)
+        self.head = head_name(self.global_state)
+        self.generator: FeatureGenerator | None = None
+        self.optimizer: torch.optim.Adam | None = None
+        self.label_counts: dict[int, torch.Tensor] = {}  # this round's, per client
+        self.last_losses: dict[str, float] = {}
+        if self.head is None:
+            warnings.warn("flnotes: fedgen needs a model that ends in a linear classifier "
+                          "head; this one has none, so FedGen trains as FedAvg", stacklevel=2)
+            return
+        weight = self.global_state[f"{self.head}.weight"]
+        self.num_classes, feature_dim = weight.shape
+        wide = self._image_channels() == 3
+        noise, hidden = (64, 512) if wide else (32, 256)
+        with seeded_cpu_rng(self.config.seed, "fedgen-init"):
+            generator = FeatureGenerator(self.num_classes, feature_dim, noise, hidden)
+        self.generator = generator.to(device=weight.device, dtype=weight.dtype)
+        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=self.config.fedgen_lr,
+                                          weight_decay=ADAM_WEIGHT_DECAY)
+
+    def _image_channels(self) -> int | None:
+        """The input channels of the first convolution, if the model has one."""
+        for value in self.global_state.values():
+            if value.dim() == 4:
+                return int(value.shape[1])
+        return None
+
+    # ---- clients -----------------------------------------------------------------
+    @property
+    def has_batch_loss(self) -> bool:
+        return self.generator is not None
+
+    def weights_at(self, round: int) -> tuple[float, float]:
+        """alpha_t and beta_t of a round (0 before round 2: no generator trained yet)."""
+        if round < 2:
+            return 0.0, 0.0
+        decay = LR_DECAY ** (round - 1)
+        return tuple(0.0 if w == 0 else max(MIN_WEIGHT, w * decay)  # type: ignore[return-value]
+                     for w in (self.config.fedgen_alpha, self.config.fedgen_beta))
+
+    def batch_loss(self, round: int, client: int) -> Callable:
+        """Count the client's labels; from round 2, the generated-feature terms of eq. 8."""
+        stream = torch_generator(self.config.seed, "fedgen", round, client)
+        alpha, beta = self.weights_at(round)
+        counts = torch.ones(self.num_classes, dtype=torch.float64)  # the code starts at 1
+        self.label_counts[client] = counts
+        generator = self.generator
+
+        def term(model, inputs, targets, outputs):
+            counts.add_(torch.bincount(targets.cpu(), minlength=self.num_classes))
+            if alpha == 0 and beta == 0:
+                return None
+            head = model.get_submodule(self.head)
+            generator.eval()
+            total = None
+            if beta > 0:  # the latent term: the batch's own labels through G and the head
+                with torch.no_grad():
+                    features = generator(targets, self._noise(len(targets), stream, outputs))
+                    target_p = F.softmax(head(features), dim=1)
+                total = beta * F.kl_div(F.log_softmax(outputs, dim=1), target_p,
+                                        reduction="batchmean")
+            if alpha > 0:  # the teacher term: labels drawn uniformly, their generated features
+                count = self.config.fedgen_batch
+                labels = torch.randint(self.num_classes, (count,), generator=stream)
+                labels = labels.to(targets.device)
+                with torch.no_grad():
+                    features = generator(labels, self._noise(count, stream, outputs))
+                teacher = F.cross_entropy(head(features), labels)
+                scaled = alpha * (count / self.config.batch_size) * teacher
+                total = scaled if total is None else total + scaled
+            return total
+
+        return term
+
+    def _noise(self, count: int, stream: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+        """eps ~ N(0, I), drawn on the CPU stream (the same on any device), moved to ``like``'s."""
+        noise = torch.randn(count, self.generator.noise_dim, generator=stream,
+                            dtype=torch.float64)
+        return noise.to(device=like.device, dtype=self.generator.out.weight.dtype)
+
+    # ---- server --------------------------------------------------------------------
+    def aggregate(self, round: int, results: list[ClientResult]):
+        """Train G on the round's client heads (before averaging, as the code), then FedAvg."""
+        if self.generator is not None and results:
+            self.last_losses = self.train_generator(round, results)
+        return super().aggregate(round, results)
+
+    def label_weights(self, results: list[ClientResult]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(classes, clients) shares w_k(y) of each label's samples, and the labels G trains on."""
+        counts = torch.stack([self.label_counts.get(r.client, torch.ones(self.num_classes))
+                              for r in results], dim=1)
+        qualified = torch.nonzero(counts.max(dim=1).values > MIN_SAMPLES_PER_LABEL).flatten()
+        return counts / counts.sum(dim=1, keepdim=True), qualified
+
+    def train_generator(self, round: int, results: list[ClientResult]) -> dict[str, float]:
+        """``fedgen_steps`` Adam steps on the heads' weighted cross-entropy plus diversity."""
+        weights, qualified = self.label_weights(results)
+        self.label_counts = {}
+        if len(qualified) == 0 or self.config.fedgen_steps == 0:
+            return {}
+        generator, stream = self.generator, torch_generator(self.config.seed, "fedgen-server",
+                                                            round)
+        device = generator.out.weight.device
+        heads = [{k: r.state[k].to(device) for k in (f"{self.head}.weight", f"{self.head}.bias")
+                  if k in r.state} for r in results]
+        weights = weights.to(device=device, dtype=generator.out.weight.dtype)
+        generator.train()
+        first = last = None
+        for _ in range(self.config.fedgen_steps):
+            pick = torch.randint(len(qualified), (self.config.batch_size,), generator=stream)
+            labels = qualified[pick].to(device)
+            noise = torch.randn(len(labels), generator.noise_dim, generator=stream,
+                                dtype=torch.float64).to(device=device, dtype=weights.dtype)
+            features = generator(labels, noise)
+            teacher = sum((F.cross_entropy(head_logits(h, self.head, features), labels,
+                                           reduction="none") * weights[labels, k]).mean()
+                          for k, h in enumerate(heads))
+            diversity = diversity_loss(noise, features)
+            loss = teacher + diversity  # ensemble_alpha = ensemble_eta = 1, no student term
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            last = float(teacher.detach())
+            first = last if first is None else first
+        for group in self.optimizer.param_groups:  # the code's ExponentialLR(0.98), per round
+            group["lr"] *= LR_DECAY
+        return {"generator_loss_first": first, "generator_loss": last,
+                "generator_diversity": float(diversity.detach())}
+
+    def round_metrics(self, task) -> dict[str, float]:
+        """G's weighted cross-entropy at its first and last step of the round."""
+        return dict(self.last_losses)
+
+    # ---- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The global model, G with its BatchNorm statistics, and G's Adam state."""
+        values = super().state_dict()
+        if self.generator is not None:
+            values["generator"] = OrderedDict(
+                (k, v.detach().clone()) for k, v in self.generator.state_dict().items())
+            values["generator_optimizer"] = self.optimizer.state_dict()
+        return values
+
+    def load_state_dict(self, values: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        super().load_state_dict(values)
+        if self.generator is not None and "generator" in values:
+            self.generator.load_state_dict(values["generator"])
+            self.optimizer.load_state_dict(values["generator_optimizer"])
