@@ -28,6 +28,7 @@ _REGISTRY = {
     # baselines of FedUp's tables (issue 12)
     "scaffold": "flnotes.algorithms.scaffold:Scaffold",
     "feddyn": "flnotes.algorithms.feddyn:FedDyn",
+    "fedpvr": "flnotes.algorithms.fedpvr:FedPVR",
 }
 
 

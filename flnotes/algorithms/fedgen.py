@@ -62,23 +62,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.engine.state import classifier_head as head_name
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
 ADAM_WEIGHT_DECAY = 1e-2  # the code's RUNCONFIGS weight_decay for G's Adam
 LR_DECAY = 0.98  # G's learning rate and alpha_t, beta_t decay per round (the code's 0.98)
 MIN_WEIGHT = 1e-4  # alpha_t, beta_t never fall below this (the code's exp_lr_scheduler floor)
 MIN_SAMPLES_PER_LABEL = 1  # a label trains G when some client saw it more often than this
-
-
-def head_name(state) -> str | None:
-    """The module name of a state's classifier head: its last 2-D ``*.weight`` (None: none).
-
-    The registry's models create their parameters in forward order and end in one linear
-    layer (tests/test_fedgen.py checks each), so that layer is the last matrix of the state.
-    """
-    heads = [k[: -len(".weight")] for k, v in state.items()
-             if k.endswith(".weight") and v.dim() == 2]
-    return heads[-1] if heads else None
 
 
 def head_logits(state, name: str, features: torch.Tensor) -> torch.Tensor:

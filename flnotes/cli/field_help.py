@@ -75,6 +75,8 @@ FIELD_HELP = {
                  "mean)",
     "feddyn_alpha": "FedDyn: weight alpha of the dynamic regulariser (0: clients train as "
                     "FedAvg, the server still adds the mean drift)",
+    "pvr_layers": "FedPVR: layers with SCAFFOLD's variance reduction, counted from the output "
+                  "(1: the classifier head; 0: FedAvg; all: SCAFFOLD)",
     "seed": "seed of every random draw (split, sampling, initial model, batches)",
     "eval_every": "evaluate the global model every this many rounds (and at the last)",
     "eval_batch_size": "batch size of evaluation (memory only; results do not change)",

@@ -100,6 +100,7 @@ class RunConfig:
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
     feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
+    pvr_layers: int = 1  # FedPVR: layers with variance reduction, from the output (1: the head)
     # bookkeeping
     seed: int = 0
     eval_every: int = 1
@@ -289,6 +290,8 @@ def _problems(c: RunConfig):
         yield bad("server_lr", "must be a positive finite number (1: the clients' mean)")
     if not _is_number(c.feddyn_alpha) or c.feddyn_alpha < 0:
         yield bad("feddyn_alpha", "must be a non-negative finite number")
+    if not isinstance(c.pvr_layers, int) or isinstance(c.pvr_layers, bool) or c.pvr_layers < 0:
+        yield bad("pvr_layers", "must be an integer >= 0 (0: FedAvg; every layer: SCAFFOLD)")
     # mutation-family baselines (issue 17)
     for name in ("fedexp_eps", "ntd_tau"):
         if not _is_number(getattr(c, name)) or getattr(c, name) <= 0:

@@ -32,6 +32,17 @@ def float_layer_names(state: StateLike) -> list[str]:
     return [name for name, t in state.items() if is_float_layer(t)]
 
 
+def classifier_head(state: StateLike) -> str | None:
+    """The module name of a state's classifier head: its last 2-D ``*.weight`` (None: none).
+
+    The registry's models create their parameters in forward order and end in one linear
+    layer (tests/test_fedgen.py checks each), so that layer is the last matrix of the state.
+    """
+    heads = [k[: -len(".weight")] for k, v in state.items()
+             if k.endswith(".weight") and v.dim() == 2]
+    return heads[-1] if heads else None
+
+
 def state_sub(a: StateLike, b: StateLike) -> OrderedDict[str, torch.Tensor]:
     """a - b on float layers; integer layers are taken from a."""
     return OrderedDict(
