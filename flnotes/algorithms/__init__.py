@@ -29,6 +29,7 @@ _REGISTRY = {
     "scaffold": "flnotes.algorithms.scaffold:Scaffold",
     "feddyn": "flnotes.algorithms.feddyn:FedDyn",
     "fedpvr": "flnotes.algorithms.fedpvr:FedPVR",
+    "moon": "flnotes.algorithms.moon:MOON",
 }
 
 

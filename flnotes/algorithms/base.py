@@ -57,6 +57,16 @@ class Strategy:
         self.config = config.resolved()
         self.global_state = clone_state(global_state)
 
+    @staticmethod
+    def adapt_model(model, config):
+        """The network this method trains, made from the task's model (default: itself).
+
+        The engine calls it each time a task builds a model (flnotes.engine.tasks), so the
+        initial global state, the clients and the evaluation all use it. MOON puts a
+        projection head before the classifier.
+        """
+        return model
+
     # ---- one round ------------------------------------------------------------
     def select_clients(self, round: int, sizes: list[int], clients_per_round: int,
                        generator: torch.Generator) -> list[int] | None:

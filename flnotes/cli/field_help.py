@@ -75,6 +75,9 @@ FIELD_HELP = {
                  "mean)",
     "feddyn_alpha": "FedDyn: weight alpha of the dynamic regulariser (0: clients train as "
                     "FedAvg, the server still adds the mean drift)",
+    "moon_mu": "MOON: weight mu of the model-contrastive loss (default: 5 on cifar10, 1 "
+               "elsewhere, as its paper)",
+    "moon_tau": "MOON: temperature tau of the model-contrastive loss",
     "pvr_layers": "FedPVR: layers with SCAFFOLD's variance reduction, counted from the output "
                   "(1: the classifier head; 0: FedAvg; all: SCAFFOLD)",
     "seed": "seed of every random draw (split, sampling, initial model, batches)",

@@ -101,6 +101,8 @@ class RunConfig:
     server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
     feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
     pvr_layers: int = 1  # FedPVR: layers with variance reduction, from the output (1: the head)
+    moon_mu: float | None = None  # MOON mu; None: 5 on cifar10, 1 elsewhere (its Sec. 4.1)
+    moon_tau: float = 0.5  # MOON temperature (its paper's value)
     # bookkeeping
     seed: int = 0
     eval_every: int = 1
@@ -290,6 +292,10 @@ def _problems(c: RunConfig):
         yield bad("server_lr", "must be a positive finite number (1: the clients' mean)")
     if not _is_number(c.feddyn_alpha) or c.feddyn_alpha < 0:
         yield bad("feddyn_alpha", "must be a non-negative finite number")
+    if c.moon_mu is not None and (not _is_number(c.moon_mu) or c.moon_mu < 0):
+        yield bad("moon_mu", "must be a non-negative finite number (or None for the default)")
+    if not _is_number(c.moon_tau) or c.moon_tau <= 0:
+        yield bad("moon_tau", "must be a positive finite number")
     if not isinstance(c.pvr_layers, int) or isinstance(c.pvr_layers, bool) or c.pvr_layers < 0:
         yield bad("pvr_layers", "must be an integer >= 0 (0: FedAvg; every layer: SCAFFOLD)")
     # mutation-family baselines (issue 17)

@@ -170,13 +170,16 @@ def _natural_task(config, data, parts: list[torch.Tensor], tests: list[torch.Ten
 
 
 def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_source) -> Task:
+    from flnotes.algorithms import algorithm_class
     from flnotes.models import build_model
 
     device = resolve_device(config.device)
     input_shape = tuple(data.train_x.shape[1:])
 
+    adapt = algorithm_class(config.algorithm).adapt_model  # MOON: a projection head
+
     def model_factory() -> nn.Module:
-        return build_model(config.model, data.num_classes, input_shape).to(device)
+        return adapt(build_model(config.model, data.num_classes, input_shape), config).to(device)
 
     to = lambda t: t.to(device)  # noqa: E731 - data live on the training device
     return Task(
