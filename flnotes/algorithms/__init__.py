@@ -30,6 +30,7 @@ _REGISTRY = {
     "feddyn": "flnotes.algorithms.feddyn:FedDyn",
     "fedpvr": "flnotes.algorithms.fedpvr:FedPVR",
     "moon": "flnotes.algorithms.moon:MOON",
+    "mimelite": "flnotes.algorithms.mimelite:MimeLite",
 }
 
 

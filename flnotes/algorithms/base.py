@@ -52,6 +52,9 @@ class Strategy:
     has_teacher = False
     # True when batch_loss gives each client a term computed from the live model (FedGen).
     has_batch_loss = False
+    # True when the method brings its own momentum (MimeLite's server state, STEM's d): the
+    # config's local-SGD momentum must then be 0 (RunConfig says so; the toy sets it).
+    own_momentum = False
 
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()

@@ -78,6 +78,8 @@ FIELD_HELP = {
     "moon_mu": "MOON: weight mu of the model-contrastive loss (default: 5 on cifar10, 1 "
                "elsewhere, as its paper)",
     "moon_tau": "MOON: temperature tau of the model-contrastive loss",
+    "mime_beta": "MimeLite: momentum beta of the server state the clients step with",
+    "stem_a": "STEM: momentum parameter a in (0, 1] of d = g(x) + (1 - a)(d - g(x_prev))",
     "pvr_layers": "FedPVR: layers with SCAFFOLD's variance reduction, counted from the output "
                   "(1: the classifier head; 0: FedAvg; all: SCAFFOLD)",
     "seed": "seed of every random draw (split, sampling, initial model, batches)",

@@ -103,6 +103,8 @@ class RunConfig:
     pvr_layers: int = 1  # FedPVR: layers with variance reduction, from the output (1: the head)
     moon_mu: float | None = None  # MOON mu; None: 5 on cifar10, 1 elsewhere (its Sec. 4.1)
     moon_tau: float = 0.5  # MOON temperature (its paper's value)
+    mime_beta: float = 0.9  # MimeLite: the server's momentum beta (Mime's SGD + momentum runs)
+    stem_a: float = 0.1  # STEM: a of d <- g(x) + (1 - a)(d - g(x_prev)); 1: plain SGD steps
     # bookkeeping
     seed: int = 0
     eval_every: int = 1
@@ -292,6 +294,16 @@ def _problems(c: RunConfig):
         yield bad("server_lr", "must be a positive finite number (1: the clients' mean)")
     if not _is_number(c.feddyn_alpha) or c.feddyn_alpha < 0:
         yield bad("feddyn_alpha", "must be a non-negative finite number")
+    if not _is_number(c.mime_beta) or not 0 <= c.mime_beta < 1:
+        yield bad("mime_beta", "must be in [0, 1)")
+    if not _is_number(c.stem_a) or not 0 < c.stem_a <= 1:
+        yield bad("stem_a", "must be in (0, 1]")
+    if _is_number(c.momentum) and c.momentum != 0 and c.algorithm in algorithm_names():
+        from flnotes.algorithms import algorithm_class
+
+        if algorithm_class(c.algorithm).own_momentum:
+            yield bad("momentum", f"must be 0 for {c.algorithm}: it brings its own momentum "
+                      "(MimeLite: mime_beta, the server's; STEM: stem_a), the local SGD none")
     if c.moon_mu is not None and (not _is_number(c.moon_mu) or c.moon_mu < 0):
         yield bad("moon_mu", "must be a non-negative finite number (or None for the default)")
     if not _is_number(c.moon_tau) or c.moon_tau <= 0:

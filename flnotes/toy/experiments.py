@@ -90,9 +90,12 @@ TEACHING = {"dataset": "toy", "num_clients": 2, "clients_per_round": 2, "rounds"
 
 def toy_config(algorithm: str = "fedavg", **overrides):
     """A RunConfig for the toy with the notebooks' defaults; ``data_options`` are merged."""
+    from flnotes.algorithms import algorithm_class
     from flnotes.config import RunConfig
 
     values = {**TEACHING, "algorithm": algorithm}
+    if algorithm_class(algorithm).own_momentum:  # MimeLite, STEM: their momentum, not SGD's
+        values["momentum"] = 0.0
     options = {**TEACHING["data_options"], **overrides.pop("data_options", {})}
     values.update(overrides, data_options=options)
     return RunConfig(**values)
