@@ -31,6 +31,7 @@ _REGISTRY = {
     "fedpvr": "flnotes.algorithms.fedpvr:FedPVR",
     "moon": "flnotes.algorithms.moon:MOON",
     "mimelite": "flnotes.algorithms.mimelite:MimeLite",
+    "stem": "flnotes.algorithms.stem:STEM",
 }
 
 
