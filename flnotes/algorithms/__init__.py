@@ -32,6 +32,7 @@ _REGISTRY = {
     "moon": "flnotes.algorithms.moon:MOON",
     "mimelite": "flnotes.algorithms.mimelite:MimeLite",
     "stem": "flnotes.algorithms.stem:STEM",
+    "fedsmoo": "flnotes.algorithms.fedsmoo:FedSMOO",
 }
 
 

@@ -80,13 +80,18 @@ class FedDyn(Strategy):
         return zeros_like_layers(self.global_state, self.layers)  # grad L_i(theta_i^0) = 0
 
     @property
+    def alpha(self) -> float:
+        """The regulariser's weight alpha (``feddyn_alpha``)."""
+        return self.config.feddyn_alpha
+
+    @property
     def has_penalty(self) -> bool:  # alpha = 0: the local objective is FedAvg's
-        return self.config.feddyn_alpha > 0
+        return self.alpha > 0
 
     @property
     def h(self) -> OrderedDict[str, torch.Tensor]:
         """The paper's server state h^t = -alpha D^t."""
-        return OrderedDict((n, -self.config.feddyn_alpha * d) for n, d in self.drift.items())
+        return OrderedDict((n, -self.alpha * d) for n, d in self.drift.items())
 
     def dispatch(self, round, clients):
         """theta^(t-1); the round's clients' d_i are read into memory."""
@@ -100,7 +105,7 @@ class FedDyn(Strategy):
 
     def local_penalty(self, params, anchor):
         """The linear and quadratic terms of the local objective."""
-        return dynamic_penalty(params, anchor, self.config.feddyn_alpha)
+        return dynamic_penalty(params, anchor, self.alpha)
 
     def aggregate(self, round: int, results: list[ClientResult]) -> OrderedDict:
         """Clients' d_i, then D (i.e. h) and theta^t (Alg. 1 l. 7, 9, 10)."""

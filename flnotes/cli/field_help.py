@@ -78,6 +78,8 @@ FIELD_HELP = {
     "moon_mu": "MOON: weight mu of the model-contrastive loss (default: 5 on cifar10, 1 "
                "elsewhere, as its paper)",
     "moon_tau": "MOON: temperature tau of the model-contrastive loss",
+    "smoo_alpha": "FedSMOO: weight alpha of its FedDyn-style dynamic regulariser",
+    "smoo_rho": "FedSMOO: SAM radius rho of the globally steered perturbation (0: FedDyn)",
     "mime_beta": "MimeLite: momentum beta of the server state the clients step with",
     "stem_a": "STEM: momentum parameter a in (0, 1] of d = g(x) + (1 - a)(d - g(x_prev))",
     "pvr_layers": "FedPVR: layers with SCAFFOLD's variance reduction, counted from the output "

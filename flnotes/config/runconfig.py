@@ -100,6 +100,8 @@ class RunConfig:
     # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
     server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
     feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
+    smoo_alpha: float = 0.1  # FedSMOO: its dynamic regulariser's alpha (the authors' simulator)
+    smoo_rho: float = 0.1  # FedSMOO: SAM radius rho (the authors' simulator)
     pvr_layers: int = 1  # FedPVR: layers with variance reduction, from the output (1: the head)
     moon_mu: float | None = None  # MOON mu; None: 5 on cifar10, 1 elsewhere (its Sec. 4.1)
     moon_tau: float = 0.5  # MOON temperature (its paper's value)
@@ -294,6 +296,9 @@ def _problems(c: RunConfig):
         yield bad("server_lr", "must be a positive finite number (1: the clients' mean)")
     if not _is_number(c.feddyn_alpha) or c.feddyn_alpha < 0:
         yield bad("feddyn_alpha", "must be a non-negative finite number")
+    for name in ("smoo_alpha", "smoo_rho"):
+        if not _is_number(getattr(c, name)) or getattr(c, name) < 0:
+            yield bad(name, "must be a non-negative finite number")
     if not _is_number(c.mime_beta) or not 0 <= c.mime_beta < 1:
         yield bad("mime_beta", "must be in [0, 1)")
     if not _is_number(c.stem_a) or not 0 < c.stem_a <= 1:
