@@ -202,14 +202,23 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
               force: bool = False, progress: bool = True, only: list[str] | None = None,
-              processes: bool | None = None):
+              processes: bool | None = None, executor: str = "local",
+              address: str | None = None):
     """Run every cell not yet completed; return the summary table (one row per cell).
 
     ``only``: run just the cells whose id contains one of these texts. ``processes``: run
     each cell in a worker process of its own (default: when ``workers`` > 1). The command
     line always does, even with one worker: papermill, waiting on a kernel in this
-    process, does not stop on Ctrl-C, while a worker is stopped at once.
+    process, does not stop on Ctrl-C, while a worker is stopped at once. ``executor="ray"``
+    runs each cell as a Ray task instead (:mod:`flnotes.repro.ray_executor`; ``address``
+    joins a running cluster), with the same folders, records and summary.
     """
+    if executor not in ("local", "ray"):
+        raise ValueError(f"unknown executor {executor!r}; choose local or ray")
+    if executor == "ray":
+        from flnotes.repro.ray_executor import _import_ray
+
+        _import_ray()  # no Ray: one line saying how to install it, before anything runs
     from tqdm.auto import tqdm
 
     out = Path(out_dir or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}")
@@ -230,7 +239,22 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=grid.name, unit="cell",
                disable=not progress)
     try:
-        if not (processes if processes is not None else workers > 1):
+        if executor == "ray":
+            from flnotes.repro.ray_executor import run_on_ray
+
+            def on_record(record: dict) -> None:
+                records[record["id"]] = record
+                bar.update()
+
+            def failed_record(job: tuple, error: str) -> dict:
+                record = _finished_record(job, 1)
+                if record.get("status") == "failed":
+                    record["error"] = f"Ray task died before recording the cell ({error})"
+                    _write_json(Path(job[2]) / "cell.json", record)
+                return record
+
+            run_on_ray(jobs, workers, address, on_record, failed_record)
+        elif not (processes if processes is not None else workers > 1):
             for job in jobs:
                 record = run_cell(*job)
                 records[record["id"]] = record
@@ -387,7 +411,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help="run the grid's smoke variant")
     parser.add_argument("--out", help="output folder (default: runs/sweeps/<name>-<variant>)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="cells run at once, each worker pinned to one GPU (round-robin)")
+                        help="cells run at once, each worker pinned to one GPU (round-robin); "
+                        "with --executor ray and no --address: the local Ray instance's CPUs")
+    parser.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help="where cells run: local processes (default) or Ray tasks, one "
+                        "per cell (pip install 'flnotes[ray]')")
+    parser.add_argument("--address", default=None,
+                        help="with --executor ray: a running Ray cluster to join (e.g. "
+                        "HEAD_IP:6379, or auto); default: a local Ray instance")
     parser.add_argument("--force", action="store_true", help="re-run completed cells too")
     parser.add_argument("--only", action="append", metavar="TEXT",
                         help="run only cells whose id contains TEXT (repeatable: any of them)")
@@ -424,8 +455,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(cells)} cells, notebook {grid.notebook}")
         return 0
     try:
+        if args.address and args.executor != "ray":
+            raise GridError("--address joins a Ray cluster: add --executor ray")
         summary = run_sweep(grid, args.out, workers=args.workers, force=args.force,
-                            only=args.only, processes=True)
+                            only=args.only, processes=True, executor=args.executor,
+                            address=args.address)
     except SweepInterrupted as stopped:
         _print_summary(stopped.summary)
         done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())
