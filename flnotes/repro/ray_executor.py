@@ -31,16 +31,11 @@ def _import_ray():
     return ray
 
 
-def _cell_task(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
-    """What a Ray worker runs: one cell, exactly as the local executor runs it."""
-    from flnotes.repro.sweep import run_cell
-
-    return run_cell(notebook, cell, cell_dir, meta)
-
-
-def run_on_ray(jobs: list, workers: int, address: str | None, on_record: Callable[[dict], None],
+def run_on_ray(run_cell: Callable[..., dict], jobs: list, workers: int, address: str | None,
+               on_record: Callable[[dict], None],
                failed_record: Callable[[tuple, str], dict]) -> None:
-    """Run the jobs (run_cell's arguments) as Ray tasks; hand each finished record over."""
+    """Run ``run_cell(*job)`` for every job as a Ray task (the sweep's own cell function, so
+    a cell runs exactly as locally); hand each finished record to ``on_record``."""
     ray = _import_ray()
     started_here = not ray.is_initialized()
     if started_here:
@@ -52,7 +47,7 @@ def run_on_ray(jobs: list, workers: int, address: str | None, on_record: Callabl
     try:
         gpus = ray.cluster_resources().get("GPU", 0)
         task = ray.remote(num_cpus=0 if gpus else 1, num_gpus=1 if gpus else 0,
-                          max_retries=0)(_cell_task)
+                          max_retries=0)(run_cell)
         pending = {task.remote(*job): job for job in jobs}
         try:
             while pending:

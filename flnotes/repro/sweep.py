@@ -253,7 +253,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
                     _write_json(Path(job[2]) / "cell.json", record)
                 return record
 
-            run_on_ray(jobs, workers, address, on_record, failed_record)
+            run_on_ray(run_cell, jobs, workers, address, on_record, failed_record)
         elif not (processes if processes is not None else workers > 1):
             for job in jobs:
                 record = run_cell(*job)
