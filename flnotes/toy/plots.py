@@ -305,22 +305,30 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
     frame = pd.DataFrame(list(rows))
     order = (frame.groupby("algorithm")["accuracy"].mean().sort_values(ascending=False).index
              .tolist())
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    # One panel per row, sharing the method axis: with twenty methods side by side three
+    # panels in a row leave no room for the names.
+    fig, axes = plt.subplots(3, 1, figsize=(max(7.0, 0.45 * len(order) + 2), 9.5), sharex=True)
     share = frame.groupby("algorithm")["accuracy"].agg(["mean", "count"]).loc[order]
     # Normal-approximation 95% interval of a proportion.
     err = 1.96 * (share["mean"] * (1 - share["mean"]) / share["count"]).pow(0.5)
     axes[0].bar(order, share["mean"], yerr=err, color="tab:green", alpha=0.8, capsize=3)
     axes[0].set_ylim(0, 1)
-    axes[0].set_ylabel("share of runs ending in the flat basin")
+    axes[0].set_ylabel("share ending flat")
+    axes[0].set_title("share of runs ending in the flat basin (bars: 95% interval of the share)",
+                      fontsize=10)
     sns.stripplot(data=frame, x="algorithm", y="loss", order=order, ax=axes[1], size=3,
                   alpha=0.6, jitter=0.25)
     axes[1].set_yscale("symlog", linthresh=1.0)  # runs that drift far out have huge losses
-    axes[1].set_ylabel("final global loss (symlog)")
+    axes[1].set_ylabel("final loss (symlog)")
+    axes[1].set_title("final global loss, one dot per run (the valley's floor: about -0.93)",
+                      fontsize=10)
     sns.stripplot(data=frame, x="algorithm", y="sharpness", order=order, ax=axes[2], size=3,
                   alpha=0.6, jitter=0.25)
-    axes[2].set_ylabel("sharpness (top Hessian eigenvalue)")
+    axes[2].set_ylabel("top Hessian eigenvalue")
+    axes[2].set_title("sharpness at the final model (below 0: a saddle, not a minimum)",
+                      fontsize=10)
     for ax in axes:
-        ax.tick_params(axis="x", rotation=45)
+        ax.tick_params(axis="x", rotation=60)
         ax.set_xlabel("")
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
