@@ -314,6 +314,13 @@ def fedup_paper() -> dict[str, Any]:
     aggregates with the uniform mean, which is how the paper writes FedAvg (eq. 3) and FedUp
     (Alg. 1 l.9).
 
+    The table's other methods run on these settings (``--algorithm NAME`` with this preset;
+    sweeps/fedup_table4.yaml and fedup_table5.yaml do) with values FedUp does not report,
+    taken from each method's paper or authors' code (each module says where): FedProx mu
+    0.01; SCAFFOLD option II, eta_g 1; FedDyn alpha 0.01; MOON mu 1 (5 on CIFAR-10), tau 0.5,
+    projection 256; MimeLite beta 0.9; STEM a 0.1 (ours); FedSMOO alpha = rho = 0.1; FedPVR
+    the classifier head. This preset's momentum 0 is what MimeLite and STEM require.
+
     Inputs: each channel standardised with the dataset's own mean and std (data option
     normalize="dataset", the default); the paper does not say how it scales inputs.
     """
