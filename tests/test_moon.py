@@ -150,6 +150,12 @@ def test_the_batched_backend_falls_back_to_the_loop(moon_config):
     assert states_allclose(loop.final_state, vmap.final_state, rtol=0, atol=0)
 
 
+def test_a_task_built_for_another_method_is_refused_in_one_line(tiny_config):
+    task = build_task(tiny_config)  # FedAvg's: no projection head
+    with pytest.raises(ValueError, match="no projection head"):
+        run(tiny_config.replace(algorithm="moon"), progress=False, task=task)
+
+
 def test_no_head_on_the_toy_trains_as_fedavg():
     config = toy.toy_config("fedavg", rounds=3, num_clients=3, clients_per_round=2)
     with warnings.catch_warnings(record=True) as caught:

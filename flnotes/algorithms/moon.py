@@ -96,12 +96,16 @@ class MOON(Strategy):
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)
-        self.projected = classifier_head(self.global_state) == HEAD and any(
-            k.startswith("projection.") for k in self.global_state)
-        if not self.projected:
-            warnings.warn("flnotes: moon needs a model with a classifier head (built for "
-                          "MOON by its task); this one has none, so MOON trains as FedAvg",
-                          stacklevel=2)
+        head = classifier_head(self.global_state)
+        self.projected = head == HEAD and any(k.startswith("projection.")
+                                              for k in self.global_state)
+        if head is None:
+            warnings.warn("flnotes: moon needs a model with a classifier head; this one has "
+                          "none, so MOON trains as FedAvg", stacklevel=2)
+        elif not self.projected:
+            raise ValueError("moon: the task's model has no projection head; let run() build "
+                             "the task, or build it with algorithm='moon' (build_task) so its "
+                             "models get MOON's projection head")
         self.initial = clone_state(self.global_state)  # every previous model starts here
         device = next(iter(self.global_state.values())).device
         self.store = ClientStateStore(store_directory(self.config.run_dir, "moon"),
