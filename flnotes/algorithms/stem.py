@@ -10,7 +10,8 @@ Algorithm 1, for a client between two communications (I local steps, fresh batch
 (both gradients on the same batch, at the new and at the previous point), and every I steps
 the server sets x and d to the means of the clients' x and d: the "two-sided" momentum, one
 on the clients and one carried across rounds by the server. a = 1 turns d into the plain
-stochastic gradient (the move then uses the previous batch's gradient at the previous point).
+stochastic gradient: each move uses the gradient at the point it starts from, on the batch of
+the step before (SGD with the batches shifted by one step, so not FedAvg bit for bit).
 
 Decisions where the paper leaves room:
 
