@@ -1,0 +1,100 @@
+"""Seconds per redraw of every teaching explorer, control by control (issue 14's benchmark).
+
+Each explorer of the teaching notebooks (flnotes/toy/widgets.py) is a draw function plus one
+control per argument; a slider move calls the draw function with the new values and renders
+the figure to PNG (what the notebook displays). This script does exactly that without a
+browser: for every control of every explorer it redraws at the default value and at the
+control's extremes (each option, for a dropdown), ``--repeats`` times, and prints the p50 and
+p95 wall seconds and the CPU seconds per redraw, one row per control.
+
+    python benchmarks/widget_latency.py                  # every explorer
+    python benchmarks/widget_latency.py --explorers shift,clients --repeats 5
+
+Targets (issue 14, on a 2-core CPU): p50 <= 0.2 s and p95 <= 0.4 s for notebooks 00-03; the
+race explorer <= 1.5 s. One torch thread, as the notebooks set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import ipywidgets as W  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from flnotes.toy import widgets  # noqa: E402
+
+EXPLORERS = {
+    "shift (01)": widgets.shift_explorer,
+    "clients (02)": widgets.client_explorer,
+    "training (00, 02)": widgets.training_explorer,
+    "mutations (03)": widgets.mutation_explorer,
+    "race (04)": widgets.race_explorer,
+}
+
+
+def settings(control: W.ValueWidget) -> list:
+    """The values a benchmark moves a control to: its default and its extremes."""
+    if isinstance(control, W.Dropdown):
+        return list(control.options)
+    if isinstance(control, W.Checkbox):
+        return [control.value, not control.value]
+    if hasattr(control, "min") and hasattr(control, "max"):
+        return [control.value, control.min, control.max]
+    return [control.value]
+
+
+def redraw_seconds(explorer, name: str, value) -> tuple[float, float]:
+    """Wall and CPU seconds of one redraw with ``name`` at ``value``, PNG rendering included."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fig = explorer.figure(**{name: value})
+    fig.savefig(io.BytesIO(), format="png")  # what the notebook shows is a rendered PNG
+    plt.close(fig)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--explorers", default="",
+                        help="comma-separated substrings of explorer names (default: all)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    wanted = [w.strip() for w in args.explorers.split(",") if w.strip()]
+    print(f"{'explorer':20s} {'control':14s} {'redraws':>7s} {'p50 s':>7s} {'p95 s':>7s} "
+          f"{'cpu p50':>7s}")
+    for title, make in EXPLORERS.items():
+        if wanted and not any(w in title for w in wanted):
+            continue
+        explorer = make()
+        explorer.figure()  # first draw: imports and caches, not what a slider move costs
+        plt.close("all")
+        every = []
+        for name, control in explorer.controls.items():
+            walls, cpus = [], []
+            for value in settings(control):
+                for _ in range(args.repeats):
+                    wall, cpu = redraw_seconds(explorer, name, value)
+                    walls.append(wall)
+                    cpus.append(cpu)
+            every += walls
+            print(f"{title:20s} {name:14s} {len(walls):7d} {percentile(walls, 0.5):7.2f} "
+                  f"{percentile(walls, 0.95):7.2f} {statistics.median(cpus):7.2f}", flush=True)
+        print(f"{title:20s} {'(all)':14s} {len(every):7d} {percentile(every, 0.5):7.2f} "
+              f"{percentile(every, 0.95):7.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
