@@ -150,12 +150,14 @@ class FedGen(Strategy):
         """Count the client's labels; from round 2, the generated-feature terms of eq. 8."""
         stream = torch_generator(self.config.seed, "fedgen", round, client)
         alpha, beta = self.weights_at(round)
-        counts = torch.ones(self.num_classes, dtype=torch.float64)  # the code starts at 1
+        # The code starts every count at 1; kept on the batches' device (no host sync a step).
+        device = self.generator.out.weight.device
+        counts = torch.ones(self.num_classes, dtype=torch.float64, device=device)
         self.label_counts[client] = counts
         generator = self.generator
 
         def term(model, inputs, targets, outputs):
-            counts.add_(torch.bincount(targets.cpu(), minlength=self.num_classes))
+            counts.add_(torch.bincount(targets, minlength=self.num_classes))
             if alpha == 0 and beta == 0:
                 return None
             head = model.get_submodule(self.head)
@@ -196,7 +198,7 @@ class FedGen(Strategy):
     def label_weights(self, results: list[ClientResult]) -> tuple[torch.Tensor, torch.Tensor]:
         """(classes, clients) shares w_k(y) of each label's samples, and the labels G trains on."""
         counts = torch.stack([self.label_counts.get(r.client, torch.ones(self.num_classes))
-                              for r in results], dim=1)
+                              .cpu() for r in results], dim=1)
         qualified = torch.nonzero(counts.max(dim=1).values > MIN_SAMPLES_PER_LABEL).flatten()
         return counts / counts.sum(dim=1, keepdim=True), qualified
 
