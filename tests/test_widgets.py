@@ -127,3 +127,39 @@ def test_log_colour_scale_and_label():
     fig = plots.plot_landscape(lambda p: p.pow(2).sum(-1) * 10 - 0.05, num=21, log=True,
                                label="curvature")
     assert fig.axes[-1].get_ylabel() == "curvature"  # the colour bar
+
+
+def test_controls_that_do_nothing_are_disabled_with_a_reason():
+    training = widgets.training_explorer(algorithm="fedavg", rounds=2)
+    for name in ("alpha", "beta0"):
+        assert training.controls[name].disabled
+        assert "fedavg has no mutation" in training.reasons[name].value
+    training.set(algorithm="fedmut")  # now they apply
+    assert not training.controls["alpha"].disabled and training.reasons["alpha"].value == ""
+    assert not training.controls["lr"].disabled  # a control that always applies
+
+    mutations = widgets.mutation_explorer(num_models=4)  # default kind: gaussian
+    assert mutations.controls["beta"].disabled
+    assert "Gaussian" in mutations.reasons["beta"].value
+    mutations.set(kind="sign")
+    assert not mutations.controls["beta"].disabled
+
+    race = widgets.race_explorer(algorithm="fedup", seeds=2, rounds=2)
+    assert race.controls["alpha"].disabled and "penalty weight" in race.reasons["alpha"].value
+    assert race.status.value == ""  # no busy note left behind after a redraw
+
+
+def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
+    calls = []
+
+    def fake_race(algorithms, seeds, **options):
+        calls.append((algorithms, options))
+        return [{"algorithm": a, "x": 0.0, "y": 0.0, "accuracy": 0.0, "seed": 0}
+                for a in algorithms]
+
+    monkeypatch.setattr(toy, "race", fake_race)
+    monkeypatch.setattr(plots, "plot_endpoints", lambda *a, **k: Figure())
+    widgets.draw_race("fedup", alpha=3.0, seeds=2, rounds=2)
+    widgets.draw_race("fedqp", alpha=3.0, seeds=2, rounds=2)
+    assert "alpha" not in calls[0][1]  # FedUp's alpha is another setting: its default stays
+    assert calls[1][1]["alpha"] == 3.0

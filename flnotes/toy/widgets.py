@@ -20,17 +20,39 @@ from flnotes.toy.landscapes import make_federation
 
 
 class Explorer:
-    """A drawing function and its controls; displays a static figure plus live sliders."""
+    """A drawing function and its controls; displays a static figure plus live sliders.
+
+    ``idle(values) -> {control: reason}`` names the controls that do nothing for the current
+    values (alpha under FedAvg, ...): they are disabled with the one-line reason beside them,
+    so every control either changes the picture or says why not. A redraw that takes a moment
+    shows "drawing..." in a status line while it runs.
+    """
 
     def __init__(self, draw: Callable[..., Figure], controls: Mapping[str, W.ValueWidget],
-                 title: str = "") -> None:
+                 title: str = "", idle: Callable[[dict], Mapping[str, str]] | None = None) -> None:
         self.draw = draw
         self.controls = dict(controls)
+        self.idle = idle
+        self.reasons = {name: W.HTML("", layout=W.Layout(margin="0 0 0 8px"))
+                        for name in self.controls}
+        self.status = W.HTML("")
         self.box = W.VBox([W.HTML(f"<b>{title}</b>")] if title else [])
-        self.box.children += tuple(self.controls.values())
+        self.box.children += tuple(W.HBox([control, self.reasons[name]])
+                                   for name, control in self.controls.items())
+        self.box.children += (self.status,)
         self._handle = None
+        self.update_idle()
         for control in self.controls.values():
             control.observe(self.refresh, names="value")
+
+    def update_idle(self) -> dict[str, str]:
+        """Disable the controls that do nothing now and show why; return them."""
+        idle = dict(self.idle(self.values())) if self.idle else {}
+        for name, control in self.controls.items():
+            control.disabled = name in idle
+            self.reasons[name].value = (f"<i style='color:#666'>{idle[name]}</i>"
+                                        if name in idle else "")
+        return idle
 
     def values(self) -> dict:
         """The controls' current values, by argument name."""
@@ -47,7 +69,12 @@ class Explorer:
 
     def refresh(self, change=None) -> Figure:
         """Redraw for the current values; update the displayed image if there is one."""
-        fig = self.figure()
+        self.update_idle()
+        self.status.value = "<i>drawing...</i>"  # sent at once: the browser shows it meanwhile
+        try:
+            fig = self.figure()
+        finally:
+            self.status.value = ""
         if self._handle is not None:
             self._handle.update(fig)
             plt.close(fig)
@@ -60,6 +87,9 @@ class Explorer:
         self._handle = display(fig, display_id=True)  # a plain image: survives headless runs
         plt.close(fig)
         display(self.box)
+
+
+MUTATION_METHODS = ("fedmut", "fedqp")  # the methods whose alpha/beta0 the sliders set
 
 
 def _slider(value: float, lo: float, hi: float, step: float, description: str) -> W.FloatSlider:
@@ -99,7 +129,13 @@ def mutation_explorer(**defaults) -> Explorer:
         "num_models": W.IntSlider(value=d["num_models"], min=2, max=16, step=2,
                                   description="K mutants", continuous_update=False),
     }
-    return Explorer(draw_mutations, controls, "Mutation regions: circle vs fan")
+    def idle(values: dict) -> dict[str, str]:
+        if values["kind"] != "sign":
+            return {"beta": "beta biases sign mutations: Gaussian mutants have no sign to "
+                            "prefer (choose kind = sign)"}
+        return {}
+
+    return Explorer(draw_mutations, controls, "Mutation regions: circle vs fan", idle=idle)
 
 
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
@@ -133,8 +169,10 @@ def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
     options = {"start": [start_x, start_y], "shift": shift}
     runs = {}
     for name in dict.fromkeys(["fedavg", algorithm]):
-        extra = {"alpha": alpha} if name in ("fedmut", "fedqp") else {}
-        history, points = run_toy(name, lr=lr, rounds=rounds, beta0=beta0, seed=seed,
+        # alpha and beta0 are the mutation's range and preference: only FedMut/FedQP get them
+        # (FedUp's alpha is another setting, a penalty weight, and keeps its default).
+        extra = {"alpha": alpha, "beta0": beta0} if name in MUTATION_METHODS else {}
+        history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed,
                                   data_options=options, **extra)
         final = history.rows[-1]
         where = "flat" if final.get("accuracy") else "not flat"
@@ -160,7 +198,14 @@ def training_explorer(**defaults) -> Explorer:
         "start_x": _slider(d["start_x"], -2.0, 2.0, 0.1, "start x"),
         "start_y": _slider(d["start_y"], -2.0, 2.0, 0.1, "start y"),
     }
-    return Explorer(draw_training, controls, "Train the toy federation")
+    def idle(values: dict) -> dict[str, str]:
+        method = values["algorithm"]
+        if method in MUTATION_METHODS:
+            return {}
+        why = f"{method} has no mutation: alpha and beta0 are FedMut's and FedQP's"
+        return {"alpha": why, "beta0": why}
+
+    return Explorer(draw_training, controls, "Train the toy federation", idle=idle)
 
 
 def draw_shift(test_shift: float = 0.3, sharp_width: float = 0.2) -> Figure:
@@ -202,14 +247,16 @@ def draw_race(algorithm: str = "fedqp", alpha: float = 4.0, lr: float = 0.1, rou
               seeds: int = 10, options: Mapping | None = None) -> Figure:
     """Where FedAvg's and one method's final models end over a few seeds (a mini race).
 
-    ``alpha`` goes to every run (FedAvg ignores it; it is FedMut/FedQP's range and FedUp's
-    penalty weight); ``options`` are further toy-config overrides (clients, start, ...).
+    ``alpha`` is FedMut's/FedQP's mutation range and goes to those methods only (FedUp's
+    alpha, a penalty weight, keeps its default); ``options`` are further toy-config
+    overrides (clients, start, ...).
     """
     from flnotes.toy import race
 
     options = dict(options or {})
-    rows = race(["fedavg", algorithm], seeds=seeds, alpha=alpha, lr=lr, rounds=rounds,
-                **options)
+    if algorithm in MUTATION_METHODS:  # the mutation range; no other method gets it
+        options["alpha"] = alpha
+    rows = race(["fedavg", algorithm], seeds=seeds, lr=lr, rounds=rounds, **options)
     fed = make_federation("fedmut-fig1", num_clients=options.get("num_clients", 2))
     return plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=2)
 
@@ -231,4 +278,13 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
         "seeds": W.IntSlider(value=d["seeds"], min=2, max=50, description="seeds",
                              continuous_update=False),
     }
-    return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg")
+    def idle(values: dict) -> dict[str, str]:
+        method = values["algorithm"]
+        if method in MUTATION_METHODS:
+            return {}
+        return {"alpha": f"alpha is FedMut's and FedQP's mutation range; {method} has none"
+                         + (" (FedUp's alpha is a penalty weight: another setting)"
+                            if method == "fedup" else "")}
+
+    return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
+                    idle=idle)
