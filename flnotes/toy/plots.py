@@ -128,16 +128,23 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
 
 
 def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> None:
-    """Outline the flat basin (white dashed disc) and the sharp basins (orange discs)."""
+    """Outline the flat basin (white dashed disc) and the sharp basins (orange discs).
+
+    These are the discs that decide "flat" and "sharp" in every run's metrics (a final model
+    inside the white one counts as flat); the circles carry legend labels that say so.
+    """
     from matplotlib.patches import Circle
 
     if flat:
         c = federation.flat_center.tolist()
-        ax.add_patch(Circle(c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2))
+        ax.add_patch(Circle(c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2,
+                            label=f"flat basin (r = {federation.flat_radius:.2g})"))
     if sharp:
-        for c in federation.sharp_centers.tolist():
+        for k, c in enumerate(federation.sharp_centers.tolist()):
             ax.add_patch(Circle(c, federation.sharp_radius, fill=False, ls="--",
-                                color="orange", lw=1.0))
+                                color="orange", lw=1.0,
+                                label=None if k else
+                                f"sharp basins (r = {federation.sharp_radius:.2g})"))
 
 
 def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: float = -0.5,
@@ -149,13 +156,15 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     """
     from flnotes.toy.landscapes import grid
 
-    shown = federation.clients[:max_clients]
+    shown = federation.clients[:max(max_clients, 1)]
     fig, axes = plt.subplots(1, len(shown) + 2, figsize=(3.3 * (len(shown) + 2), 3.4))
     for k, (ax, client) in enumerate(zip(axes, shown, strict=False)):
         draw_landscape(ax, client, xlim, ylim)
         ax.set_title(f"client {k}")
     draw_landscape(axes[-2], federation.global_loss, xlim, ylim)
     mark_basins(axes[-2], federation)
+    axes[-2].legend(fontsize=7, loc="lower right", facecolor="0.3", labelcolor="white",
+                    framealpha=0.6)
     axes[-2].set_title("global = mean of clients")
     colors = plt.get_cmap("tab10").colors
     ax = axes[-1]
@@ -168,7 +177,7 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
     ax.set_aspect("equal")
-    ax.set_title(f"overlap: loss < {level}")
+    ax.set_title(f"overlap: loss < {level:.2f}")
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig

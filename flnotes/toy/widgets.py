@@ -143,7 +143,7 @@ def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int
     """FedMut Fig. 1 for the chosen client shift: each client, the mean, their overlap."""
     fed = make_federation("fedmut-fig1", num_clients=num_clients, shift=shift,
                           depth_spread=depth_spread)
-    return plots.plot_client_landscapes(fed, level=level)
+    return plots.plot_client_landscapes(fed, level=level, max_clients=num_clients)
 
 
 def client_explorer(**defaults) -> Explorer:
