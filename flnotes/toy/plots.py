@@ -213,9 +213,18 @@ def plot_trajectories(fn, runs: Mapping[str, Mapping], federation=None, xlim=LIM
             mark_basins(ax, federation)
         draw_trajectory(ax, points, rounds=rounds, clients=clients)
         ax.set_title(label)
-    if legend:
-        axes[0][0].legend(fontsize=7, loc="lower left", framealpha=0.8)
     fig.tight_layout()
+    if legend:
+        # One legend for all panels, below them: inside a panel it covered where runs end.
+        # Each entry once, from whichever panel has it (FedAvg's has no dispatched models).
+        entries = {}
+        for ax in axes[0]:
+            for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+                entries.setdefault(text, handle)
+        fig.legend(entries.values(), entries.keys(), loc="lower center", fontsize=8,
+                   ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
+                   bbox_to_anchor=(0.5, -0.02))  # grey: the white flat-basin dashes show
+        fig.subplots_adjust(bottom=0.28)
     return fig
 
 
