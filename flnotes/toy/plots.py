@@ -215,7 +215,8 @@ def plot_trajectories(fn, runs: Mapping[str, Mapping], federation=None, xlim=LIM
             mark_basins(ax, federation)
         draw_trajectory(ax, points, rounds=rounds, clients=clients)
         ax.set_title(label)
-    fig.tight_layout()
+    # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
     if legend:
         # One legend for all panels, below them: inside a panel it covered where runs end.
         # Each entry once, from whichever panel has it (FedAvg's has no dispatched models).

@@ -164,21 +164,31 @@ def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                   alpha: float = 4.0, beta0: float = 0.3, shift: float = 1.0,
                   start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> Figure:
     """FedAvg next to another method on the two-client toy, from the same start and seed."""
-    from flnotes.toy import run_toy
-
     fed = make_federation("fedmut-fig1", shift=shift)
-    options = {"start": [start_x, start_y], "shift": shift}
     runs = {}
     for name in dict.fromkeys(["fedavg", algorithm]):
         # alpha and beta0 are the mutation's range and preference: only FedMut/FedQP get them
         # (FedUp's alpha is another setting, a penalty weight, and keeps its default).
-        extra = {"alpha": alpha, "beta0": beta0} if name in MUTATION_METHODS else {}
-        history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed,
-                                  data_options=options, **extra)
-        final = history.rows[-1]
+        mutation = (float(alpha), float(beta0)) if name in MUTATION_METHODS else None
+        final, points = _toy_run(name, float(lr), int(rounds), float(shift), float(start_x),
+                                 float(start_y), int(seed), mutation)
         where = "flat" if final.get("accuracy") else "not flat"
         runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
     return plots.plot_trajectories(fed.global_loss, runs, federation=fed)
+
+
+@lru_cache(maxsize=256)
+def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, start_y: float,
+             seed: int, mutation: tuple[float, float] | None) -> tuple[dict, dict]:
+    """One toy run's final row and trajectory, kept for the explorer: moving alpha re-runs the
+    mutation method only, FedAvg's run is reused (a run is a function of these values)."""
+    from flnotes.toy import run_toy
+
+    extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
+    history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed,
+                              data_options={"start": [start_x, start_y], "shift": shift},
+                              **extra)
+    return dict(history.rows[-1]), points
 
 
 def training_explorer(**defaults) -> Explorer:
