@@ -3,8 +3,9 @@
 Each explorer of the teaching notebooks (flnotes/toy/widgets.py) is a draw function plus one
 control per argument; a slider move calls the draw function with the new values and renders
 the figure to PNG (what the notebook displays). This script does exactly that without a
-browser: for every control of every explorer it redraws at the default value and at the
-control's extremes (each option, for a dropdown), ``--repeats`` times, and prints the p50 and
+browser: for every control of every explorer it moves the control from its default to its
+extremes and midpoint (every other option, for a dropdown), each move from a freshly drawn
+default with nothing about the new value kept, ``--repeats`` times, and prints the p50 and
 p95 wall seconds and the CPU seconds per redraw, one row per control.
 
     python benchmarks/widget_latency.py                  # every explorer
@@ -41,18 +42,36 @@ EXPLORERS = {
 
 
 def settings(control: W.ValueWidget) -> list:
-    """The values a benchmark moves a control to: its default and its extremes."""
+    """The values a benchmark moves a control to from its default: its extremes (every other
+    option of a dropdown), and the midpoint of a slider."""
     if isinstance(control, W.Dropdown):
-        return list(control.options)
+        return [o for o in control.options if o != control.value]
     if isinstance(control, W.Checkbox):
-        return [control.value, not control.value]
+        return [not control.value]
     if hasattr(control, "min") and hasattr(control, "max"):
-        return [control.value, control.min, control.max]
-    return [control.value]
+        middle = (control.min + control.max) / 2
+        if isinstance(control.value, int):
+            middle = int(middle)
+        return [v for v in (control.min, middle, control.max) if v != control.value]
+    return []
+
+
+def clear_caches() -> None:
+    """Forget every result the explorers keep (runs, minima, race rows)."""
+    for name in dir(widgets):
+        cached = getattr(widgets, name)
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
 
 
 def redraw_seconds(explorer, name: str, value) -> tuple[float, float]:
-    """Wall and CPU seconds of one redraw with ``name`` at ``value``, PNG rendering included."""
+    """Seconds of one slider move from the default to ``value``, PNG rendering included.
+
+    As a student meets it: the explorer has drawn its defaults (what the defaults computed is
+    kept), and the new value has never been drawn before.
+    """
+    clear_caches()
+    plt.close(explorer.figure())
     wall, cpu = time.perf_counter(), time.process_time()
     fig = explorer.figure(**{name: value})
     fig.savefig(io.BytesIO(), format="png")  # what the notebook shows is a rendered PNG

@@ -159,7 +159,15 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
 
     monkeypatch.setattr(toy, "race", fake_race)
     monkeypatch.setattr(plots, "plot_endpoints", lambda *a, **k: Figure())
-    widgets.draw_race("fedup", alpha=3.0, seeds=2, rounds=2)
-    widgets.draw_race("fedqp", alpha=3.0, seeds=2, rounds=2)
-    assert "alpha" not in calls[0][1]  # FedUp's alpha is another setting: its default stays
-    assert calls[1][1]["alpha"] == 3.0
+    widgets._race_rows.cache_clear()
+    try:
+        widgets.draw_race("fedup", alpha=3.0, seeds=2, rounds=2)
+        widgets.draw_race("fedqp", alpha=3.0, seeds=2, rounds=2)
+        widgets.draw_race("fedqp", alpha=2.0, seeds=2, rounds=2)
+    finally:
+        widgets._race_rows.cache_clear()  # no fake rows for later tests
+    runs = {(a[0], o.get("alpha")) for a, o in calls}
+    # FedAvg ran once for the three races; FedUp without alpha (its alpha is another setting:
+    # a penalty weight keeps its default); FedQP once per alpha.
+    assert [a for a, _ in calls].count(["fedavg"]) == 1
+    assert runs == {("fedavg", None), ("fedup", None), ("fedqp", 3.0), ("fedqp", 2.0)}
