@@ -58,7 +58,9 @@ def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
     monkeypatch.setattr("IPython.display.display", fake_display)
     explorer = widgets.shift_explorer()
     explorer._ipython_display_()
-    assert isinstance(shown[0], Figure) and shown[1] is explorer.box  # picture, then sliders
+    # the picture, a line saying how to revive the controls in a saved copy, the controls
+    assert isinstance(shown[0], Figure) and shown[2] is explorer.box
+    assert "run this cell" in shown[1].data
     explorer.set(test_shift=0.4)  # the default is 0.3: a move, so a redraw
     assert len(updates) == 1 and isinstance(updates[0], Figure)
 

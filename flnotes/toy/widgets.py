@@ -82,11 +82,15 @@ class Explorer:
         return fig
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
+        from IPython.display import HTML, display
 
         fig = self.figure()
         self._handle = display(fig, display_id=True)  # a plain image: survives headless runs
         plt.close(fig)
+        # Saved with the notebook: a copy opened without a kernel (or on GitHub) shows the
+        # figure and this line, where the controls cannot be drawn.
+        display(HTML("<small><i>The controls below are live while this notebook's kernel "
+                     "runs; if they are missing or show an error, run this cell.</i></small>"))
         display(self.box)
 
 
