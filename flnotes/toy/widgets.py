@@ -105,7 +105,8 @@ def _slider(value: float, lo: float, hi: float, step: float, description: str) -
 # ---- the explorers ---------------------------------------------------------------------------
 def draw_mutations(alpha: float = 4.0, beta: float = 0.0, qp_prob: float = 0.5,
                    kind: str = "gaussian", layerwise: bool = False, num_models: int = 8,
-                   seed: int = 0, center=(0.0, 1.1), update=(0.12, 0.08)) -> Figure:
+                   seed: int = 0, center=(0.0, 1.1), update=(0.12, 0.08),
+                   half_width: float | None = None) -> Figure:
     """FedMut's mutants next to FedQP's (projection with probability p) around one model."""
     from flnotes.toy import mutation_points
 
@@ -116,13 +117,20 @@ def draw_mutations(alpha: float = 4.0, beta: float = 0.0, qp_prob: float = 0.5,
         panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
                                         **common)
         clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
-    half = max(1.0, 1.3 * alpha * float(sum(u * u for u in update) ** 0.5))
+    half = half_width or max(1.0, 1.3 * alpha * float(sum(u * u for u in update) ** 0.5))
     return plots.plot_mutants(fed.global_loss, center, update, panels, clouds,
                               half_width=half, arrow_scale=alpha)
 
 
-def mutation_explorer(**defaults) -> Explorer:
-    """Sliders for alpha, beta, p, the mutation kind and per-layer vs whole-vector mutation."""
+def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float | None = None,
+                      **defaults) -> Explorer:
+    """Sliders for alpha, beta, p, the mutation kind and per-layer vs whole-vector mutation.
+
+    ``center``, ``update`` (the global model and its last move g) and ``half_width`` (the
+    zoom) are fixed: pass a notebook's own, so the explorer starts from its figures.
+    """
+    from functools import partial
+
     d = {"alpha": 4.0, "beta": 0.0, "qp_prob": 0.5, "kind": "gaussian", "layerwise": False,
          "num_models": 8, **defaults}
     controls = {
@@ -140,7 +148,9 @@ def mutation_explorer(**defaults) -> Explorer:
                             "prefer (choose kind = sign)"}
         return {}
 
-    return Explorer(draw_mutations, controls, "Mutation regions: circle vs fan", idle=idle)
+    draw = partial(draw_mutations, center=tuple(center), update=tuple(update),
+                   half_width=half_width)
+    return Explorer(draw, controls, "Mutation regions: circle vs fan", idle=idle)
 
 
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
