@@ -73,7 +73,9 @@ def plot_planes(planes: Mapping[str, dict], metric: str = "loss", relative: bool
     arrays = [_surface_values(p, metric, relative) for p in planes.values()]
     levels = contour_levels(arrays, num_levels)
     n = len(planes)
-    fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 0.8, 3.6), squeeze=False)
+    # Wide enough gaps between panels that the tick labels of one do not run into the next.
+    fig, axes = plt.subplots(1, n, figsize=(3.9 * n + 1.0, 3.8), squeeze=False,
+                             gridspec_kw={"wspace": 0.35})
     mappable = None
     for ax, (name, plane), z in zip(axes[0], planes.items(), arrays, strict=True):
         aa, bb = np.meshgrid(_np(plane["alphas"]), _np(plane["betas"]))
@@ -83,9 +85,10 @@ def plot_planes(planes: Mapping[str, dict], metric: str = "loss", relative: bool
         ax.set_title(name)
         ax.set_xlabel("a (direction 1)")
         ax.set_aspect("equal")
+        ax.locator_params(nbins=5)  # few ticks: short labels
     axes[0][0].set_ylabel("b (direction 2)")
     label = f"{metric} - {metric} at the model" if relative else metric
-    fig.colorbar(mappable, ax=list(axes[0]), label=label, shrink=0.9)
+    fig.colorbar(mappable, ax=list(axes[0]), label=label, shrink=0.9, format="%.2g")
     fig.suptitle(title or f"{label} on a filter-normalised plane (red star: the model)")
     return fig
 
