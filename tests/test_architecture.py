@@ -15,21 +15,29 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flnotes"
 
 # Who may import whom, by top-level part of the module name (flnotes.<part>...). The layers,
 # lowest first: messages, rng -> models, data -> algorithms, engine -> config -> toy, flatness,
-# plots -> repro -> cli. Each entry lists the parts a part must never import.
+# plots -> repro, flower -> cli. Each entry lists the parts a part must never import. flower
+# (the methods on Flower, an optional extra) sits beside repro: it may use everything below
+# it, and nothing imports it, so `import flnotes` never needs flwr.
 FORBIDDEN = {
     "messages": {"*"},
     "rng": {"*"},
     "models": {"data", "algorithms", "engine", "config", "toy", "flatness", "plots", "repro",
-               "cli"},
+               "flower", "cli"},
     "data": {"models", "algorithms", "engine", "config", "toy", "flatness", "plots", "repro",
-             "cli"},
-    "algorithms": {"config", "toy", "flatness", "plots", "repro", "cli"},
-    "engine": {"config", "toy", "flatness", "plots", "repro", "cli"},
-    "config": {"engine", "toy", "flatness", "plots", "repro", "cli"},
-    "toy": {"repro", "cli"},
-    "flatness": {"toy", "repro", "cli"},
-    "plots": {"toy", "flatness", "repro", "cli"},
-    "repro": {"toy", "flatness", "cli"},
+             "flower", "cli"},
+    "algorithms": {"config", "toy", "flatness", "plots", "repro", "flower", "cli"},
+    "engine": {"config", "toy", "flatness", "plots", "repro", "flower", "cli"},
+    "config": {"engine", "toy", "flatness", "plots", "repro", "flower", "cli"},
+    "toy": {"repro", "flower", "cli"},
+    "flatness": {"toy", "repro", "flower", "cli"},
+    "plots": {"toy", "flatness", "repro", "flower", "cli"},
+    "repro": {"toy", "flatness", "flower", "cli"},
+    "flower": {"toy", "flatness", "plots", "repro", "cli"},
+    "cli": {"flower"},
+    # flnotes/__init__.py and __main__.py: the public face and `python -m flnotes` never
+    # need flwr.
+    "": {"flower"},
+    "__main__": {"flower"},
 }
 # Modules allowed directly under flnotes/ (the "about six"): the public face, the
 # command-line entry, the lowest helpers, the architectures and the shared plots.
@@ -120,6 +128,9 @@ def test_the_checks_catch_what_they_guard_against():
     assert find_cycle({"flnotes.a": {"flnotes.b"}, "flnotes.b": set()}) is None
     assert part("flnotes.engine.sim") == "engine" and part("flnotes") == ""
     assert "repro" in FORBIDDEN["engine"] and "engine" in FORBIDDEN["data"]
+    # Nothing imports the optional Flower subpackage.
+    assert all("flower" in banned or "*" in banned
+               for part_name, banned in FORBIDDEN.items() if part_name != "flower")
 
 
 @pytest.mark.parametrize("name", ["RunConfig", "run", "run_seeds", "History"])

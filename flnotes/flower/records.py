@@ -1,0 +1,103 @@
+"""What crosses Flower's wire and what both apps build alike: records, config, task.
+
+Both apps build the same :class:`~flnotes.config.RunConfig` (from Flower's run config, the
+``[tool.flwr.app.config]`` table, or given in Python) and from it the same task, with
+:func:`flower_task`; the server sends its settings hash with every message so that a node
+built from other settings says so instead of training something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import torch
+from flwr.app import ArrayRecord
+
+from flnotes.algorithms import algorithm_names
+from flnotes.config import RunConfig
+from flnotes.engine.tasks import build_task
+
+# Methods whose round splits into server (dispatch, aggregate) and client (local training
+# from the start state and the config alone, or with a server-sent anchor): the seed methods,
+# Indep, and the baselines whose clients keep no state the server reads back.
+SUPPORTED = ("fedavg", "fedprox", "fedmut", "fedqp", "fedmr", "indep", "fedup", "fml",
+             "fedexp", "fedsam", "fedasam", "fedntd", "clusamp")
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# Keys of Flower's run config that are the apps' own, not RunConfig fields.
+APP_KEYS = ("dtype", "timeout")
+
+
+def check_supported(algorithm: str) -> None:
+    """ValueError (one line) for a method not offered on Flower."""
+    if algorithm in SUPPORTED:
+        return
+    choose = f"on Flower choose one of {', '.join(SUPPORTED)}"
+    if algorithm in algorithm_names():
+        raise ValueError(f"algorithm {algorithm!r} is not offered on Flower: its clients keep "
+                         f"state the server reads back (see flnotes.flower); {choose}")
+    raise ValueError(f"unknown algorithm {algorithm!r}; {choose}")
+
+
+def check_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a ``dtype`` setting ('float32' or 'float64')."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not offered; choose float32 (as flnotes.run) "
+                         "or float64")
+    return DTYPES[dtype]
+
+
+def config_from_run_config(values: Mapping) -> tuple[RunConfig, dict]:
+    """(RunConfig, app settings) from Flower's run config.
+
+    Keys are RunConfig fields, with ``-`` or ``_`` (Flower's convention is ``num-clients``);
+    a dict field (``data-options``) is a JSON string, since Flower's values are scalars.
+    ``dtype`` and ``timeout`` are the apps' own. A field left out takes RunConfig's default.
+    """
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    config, app = {}, {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name in APP_KEYS:
+            app[name] = value
+            continue
+        if name in fields and fields[name].default_factory is dict and isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as err:
+                raise ValueError(f"run config {key} = {value!r} is not a JSON object "
+                                 f"({err.msg})") from None
+        config[name] = value
+    run_config = RunConfig.from_dict(config)
+    check_supported(run_config.algorithm)
+    check_dtype(app.get("dtype", "float32"))
+    return run_config, app
+
+
+def flower_task(config: RunConfig, dtype: str = "float32"):
+    """The engine's task for ``config``; with ``dtype='float64'`` its float inputs and its
+    models in float64 (the engine builds float32 data; a float64 comparison with
+    ``flnotes.run`` passes this same task to it: ``flnotes.run(config, task=...)``)."""
+    task = build_task(config.resolved())
+    want = check_dtype(dtype)
+    if want == torch.float32:
+        return task
+    factory = task.model_factory
+    cast = lambda t: t.to(want) if t.is_floating_point() else t  # noqa: E731 - token ids stay
+    return dataclasses.replace(task, model_factory=lambda: factory().to(want),
+                               train_x=cast(task.train_x), test_x=cast(task.test_x))
+
+
+def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """An ArrayRecord of a state (names and order kept; tensors copied to the CPU)."""
+    return ArrayRecord(OrderedDict((n, t.detach().cpu()) for n, t in state.items()))
+
+
+def record_state(record: ArrayRecord, device: torch.device | str = "cpu"
+                 ) -> OrderedDict[str, torch.Tensor]:
+    """The state an ArrayRecord holds, on ``device``."""
+    return OrderedDict((n, t.to(device)) for n, t in record.to_torch_state_dict().items())
