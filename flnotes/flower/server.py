@@ -11,7 +11,8 @@ flnotes strategy, History, optional run folder) and maps Flower's four hooks ont
   ``aggregate``; then the engine evaluates on the test set and records the round;
 - ``configure_evaluate`` sends nothing: the global model is evaluated on the server, as the
   engine does (the server builds the task from the same RunConfig, so it holds the test set
-  and every client's sample count, which CluSamp's importance needs).
+  and every client's sample count, which CluSamp's importance needs); :meth:`evaluate`, the
+  ``evaluate_fn`` of ``Strategy.start``, hands those numbers to Flower's Result.
 
 Flower's ``arrays`` argument (its idea of the global model) is not read: the flnotes strategy
 owns the global state, and the ``ArrayRecord`` returned each round is a copy of it.
@@ -72,6 +73,7 @@ class FlowerStrategy(FlwrStrategy):
         self.settings_hash = settings_hash(config)
         self.node_of: dict[int, int] | None = None  # flnotes client -> Flower node id
         self._round: tuple | None = None  # (round, clients, starts, start time)
+        self._evaluated: dict[int, dict] = {}  # round -> the engine's evaluation numbers
 
     @property
     def history(self) -> History:
@@ -87,7 +89,7 @@ class FlowerStrategy(FlwrStrategy):
         state, and ``global_model.pt`` in a run folder)."""
         try:
             self.start(grid, self.initial_arrays(), num_rounds=self.config.rounds,
-                       timeout=self.timeout)
+                       timeout=self.timeout, evaluate_fn=self.evaluate)
             return self.sim.finish()
         finally:
             self.sim.release()
@@ -186,11 +188,23 @@ class FlowerStrategy(FlwrStrategy):
         results = [by_client[c] for c in clients]
         row = self.sim.end_round(server_round, clients, starts, results,
                                  time.perf_counter() - tic)
+        # Flower's Result keeps training and evaluation apart: the clients' numbers (loss,
+        # their extras) and the round's time are training; what the engine measured on the
+        # global model (accuracy, loss, the method's round metrics) is server-side
+        # evaluation, handed to Flower by evaluate_fn.
+        from_clients = {"train_loss", "seconds"} | {k for r in results for k in r.extra}
         numbers = {k: float(v) for k, v in row.items()
-                   if isinstance(v, (int, float)) and k != "round"}
-        if not all(math.isfinite(v) for v in numbers.values()):
-            numbers = {k: v for k, v in numbers.items() if math.isfinite(v)}
-        return state_record(self.sim.strategy.global_state), MetricRecord(numbers)
+                   if isinstance(v, (int, float)) and k != "round" and math.isfinite(v)}
+        self._evaluated[server_round] = {k: v for k, v in numbers.items()
+                                         if k not in from_clients}
+        train = MetricRecord({k: v for k, v in numbers.items() if k in from_clients})
+        return state_record(self.sim.strategy.global_state), train
+
+    def evaluate(self, server_round: int, arrays) -> MetricRecord | None:
+        """Flower's ``evaluate_fn``: the engine's evaluation of the round's global model
+        (None for round 0 and for rounds the engine does not evaluate, eval_every)."""
+        values = self._evaluated.pop(server_round, None)
+        return MetricRecord(values) if values else None
 
     def configure_evaluate(self, server_round: int, arrays, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
