@@ -1,0 +1,1 @@
+"""FedMut on Flower: flnotes' strategy and local training as a Flower app."""
