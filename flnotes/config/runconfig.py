@@ -134,7 +134,9 @@ class RunConfig:
         cls = algorithm_class(self.algorithm)
         changes: dict[str, Any] = {}
         if self.model is None:
-            changes["model"] = DEFAULT_MODEL.get(self.dataset, "mlp")
+            # A composed dataset ("cifar10+cifar100"): its first task's usual model.
+            first = self.dataset.split("+")[0].strip()
+            changes["model"] = DEFAULT_MODEL.get(first, "mlp")
         if self.weighting is None:
             changes["weighting"] = cls.default_weighting
         if self.alpha is None:
@@ -205,7 +207,8 @@ def field_names() -> list[str]:
 def _problems(c: RunConfig):
     """Yield one message per invalid field: the field, the value and what is allowed."""
     from flnotes.algorithms import algorithm_names
-    from flnotes.data.registry import dataset_names
+    from flnotes.data.multitask import task_parts
+    from flnotes.data.registry import composition_problem, dataset_names
 
     def bad(name: str, allowed: str) -> str:
         return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
@@ -219,7 +222,18 @@ def _problems(c: RunConfig):
     if c.algorithm not in algorithm_names():
         yield bad("algorithm", f"registered algorithms are {algorithm_names()}"
                   + did_you_mean(c.algorithm, algorithm_names()))
-    if c.dataset not in dataset_names():
+    parts = task_parts(c.dataset)
+    if parts is not None:  # "A+B": tasks for FML's objective heterogeneity (data/multitask.py)
+        problem = composition_problem(c.dataset)
+        if problem:
+            yield bad("dataset", problem)
+        elif c.algorithm != "fml":
+            yield bad("dataset", "a composed dataset gives clients different tasks (FML's "
+                      "objective heterogeneity, Fig. 6); only algorithm='fml' trains on it")
+        elif c.partition == "natural":
+            yield bad("partition", "a composed dataset splits each task among its clients: "
+                      "use iid, dirichlet or shards")
+    elif c.dataset not in dataset_names():
         yield bad("dataset", f"registered datasets are {dataset_names()}"
                   + did_you_mean(c.dataset, dataset_names()))
     if c.model is not None and c.model not in model_names():
@@ -248,7 +262,9 @@ def _problems(c: RunConfig):
     else:
         from flnotes.data.options import data_option_problems
 
-        yield from data_option_problems(c.dataset, c.data_options)
+        for name in parts if parts is not None and not composition_problem(c.dataset) else [
+                c.dataset]:  # a composed dataset's options go to every task's loader
+            yield from data_option_problems(name, c.data_options)
     for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
                  "eval_every", "eval_batch_size", "checkpoint_every", "beta_rounds",
                  "shards_per_client"):

@@ -3,6 +3,9 @@
 A loader is called as ``loader(data_dir, download, seed, **options)`` and returns a
 :class:`~flnotes.data.tensors.TensorData`; its keyword options are read from its signature
 (:mod:`flnotes.data.options`), so a loader documents its options once.
+
+Tensor datasets also compose: ``"cifar10+cifar100"`` names one multitask dataset of both
+(:mod:`flnotes.data.multitask`, FML's objective heterogeneity).
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from collections.abc import Callable
 from functools import partial
 
 from flnotes.data.leaf import load_femnist, load_shakespeare
+from flnotes.data.multitask import SEPARATOR, task_parts
 from flnotes.data.tensors import TensorData
 from flnotes.data.vision import load_cifar, load_idx_dataset, load_synthetic
+from flnotes.messages import did_you_mean
 
 DATASETS: dict[str, Callable[..., TensorData]] = {
     "synthetic": load_synthetic,
@@ -38,3 +43,16 @@ def tensor_dataset_names() -> list[str]:
 def dataset_names() -> list[str]:
     """Every dataset name a config may use (tensor datasets and whole-task datasets)."""
     return sorted(set(DATASETS) | set(TASK_DATASETS))
+
+
+def composition_problem(name: str) -> str | None:
+    """Why a composed name ("A+B") names no multitask dataset, or None if it does."""
+    parts = task_parts(name)
+    if parts is None:
+        return None
+    unknown = [part for part in parts if part not in DATASETS]
+    if unknown:
+        return (f"{unknown[0]!r} in {name!r} is not a tensor dataset"
+                f"{did_you_mean(unknown[0], DATASETS)}; compose two or more of "
+                f"{tensor_dataset_names()} with {SEPARATOR!r}, e.g. 'cifar10+cifar100'")
+    return None

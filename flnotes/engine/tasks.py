@@ -3,6 +3,10 @@
 Datasets come from :mod:`flnotes.data` (tensors) or from a module that builds a whole
 task itself (the 2-D toy, LEAF's natural splits). Client data stay as one tensor plus
 per-client index tensors, so training never does per-sample Python work.
+
+A composed dataset ("cifar10+cifar100", :mod:`flnotes.data.multitask`) gives clients
+different tasks in one joint label space: client i holds task i mod T, each task's rows are
+split among its own clients, and evaluation reports each task on its own classes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flnotes.data.multitask import class_offsets, task_labels, task_parts
 from flnotes.data.registry import TASK_DATASETS
 from flnotes.rng import torch_generator
 
@@ -39,6 +44,12 @@ class Task:
     # training share) or "test" (a natural split's per-client test rows, e.g. LEAF).
     client_test_source: str = "train"
     data_source: str = ""  # TensorData.source: e.g. "a JPEG image folder" (recorded by a run)
+    # Objective heterogeneity (FML Fig. 6): the tasks of a composed dataset and their class
+    # counts, labels of task t starting at sum(task_classes[:t]); client i holds task
+    # i mod T. Empty: one task, every class.
+    task_names: tuple[str, ...] = ()
+    task_classes: tuple[int, ...] = ()
+    model_name: str = ""  # the registered architecture model_factory builds (config.model)
     _working_model: nn.Module | None = field(default=None, init=False, repr=False)
     # Built once per run by a training backend (e.g. the compiled step), keyed by it.
     backend_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -53,6 +64,30 @@ class Task:
     def num_clients(self) -> int:
         """Number of clients in the federation."""
         return len(self.client_indices)
+
+    @property
+    def num_tasks(self) -> int:
+        """How many tasks (label sets) the clients hold; 1 for a plain dataset."""
+        return max(1, len(self.task_classes))
+
+    def client_task(self, client: int) -> int:
+        """The task a client holds (i mod T, as data.multitask.client_tasks)."""
+        return client % self.num_tasks
+
+    def task_classes_range(self, task: int) -> tuple[int, int]:
+        """The joint labels [start, stop) of one task; every class for a plain dataset."""
+        if not self.task_classes:
+            return 0, self.num_classes
+        offsets = class_offsets(self.task_classes)
+        return offsets[task], offsets[task + 1]
+
+    def class_range(self, client: int) -> tuple[int, int]:
+        """The joint labels [start, stop) of the client's own task."""
+        return self.task_classes_range(self.client_task(client))
+
+    def task_label(self, task: int) -> str:
+        """A task's name in metric keys ('cifar100'; 'synthetic-2' for a repeated name)."""
+        return task_labels(self.task_names)[task]
 
     def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (inputs, labels) a client trains on."""
@@ -74,9 +109,15 @@ class Task:
 
     @torch.no_grad()
     def evaluate_on(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
+        classes: tuple[int, int] | None = None,
     ) -> dict[str, float]:
-        """Accuracy and mean loss of a model on (x, y), in eval mode."""
+        """Accuracy and mean loss of a model on (x, y), in eval mode.
+
+        ``classes`` = (start, stop): rows of one task, judged on that task's joint logits
+        [start, stop) (a shared model's) against labels shifted to 0..stop-start-1; with
+        start = 0 and the model's own width, that is a task's own model on its own labels.
+        """
         was_training = model.training
         model.eval()
         # Sums stay on the device until the end: one transfer, not two per batch.
@@ -85,6 +126,8 @@ class Task:
         for start in range(0, len(y), batch_size):
             out = model(x[start : start + batch_size])
             target = y[start : start + batch_size]
+            if classes is not None:
+                out, target = out[:, classes[0] : classes[1]], target - classes[0]
             loss_sum += self.loss_fn(out, target).double() * len(target)
             correct += (out.argmax(dim=1) == target).sum()
         model.train(was_training)
@@ -92,8 +135,33 @@ class Task:
         return {"accuracy": int(correct) / n, "loss": float(loss_sum) / n}
 
     def evaluate(self, model: nn.Module, batch_size: int = 1000) -> dict[str, float]:
-        """Accuracy and loss on the full test set."""
-        return self.evaluate_on(model, self.test_x, self.test_y, batch_size)
+        """Accuracy and loss on the full test set; with several tasks, each test row is
+        judged on its own task's classes, and each task is reported too (accuracy_<task>)."""
+        if self.num_tasks == 1:
+            return self.evaluate_on(model, self.test_x, self.test_y, batch_size)
+        row: dict[str, float] = {}
+        correct = loss = 0.0
+        for task in range(self.num_tasks):
+            lo, hi = self.task_classes_range(task)
+            rows = torch.nonzero((self.test_y >= lo) & (self.test_y < hi)).flatten()
+            result = self.evaluate_on(model, self.test_x[rows], self.test_y[rows], batch_size,
+                                      classes=(lo, hi))
+            label = self.task_label(task)
+            row[f"accuracy_{label}"], row[f"loss_{label}"] = result["accuracy"], result["loss"]
+            correct += round(result["accuracy"] * len(rows))
+            loss += result["loss"] * len(rows)
+        n = max(len(self.test_y), 1)
+        return {"accuracy": correct / n, "loss": loss / n, **row}
+
+    def evaluate_client(self, model: nn.Module, client: int,
+                        batch_size: int = 1000) -> dict[str, float]:
+        """A client's own model (FML's personal model, which outputs only its task's classes)
+        on the client's held-out rows."""
+        x, y = self.client_test_data(client)
+        if self.num_tasks == 1:
+            return self.evaluate_on(model, x, y, batch_size)
+        lo, _ = self.class_range(client)
+        return self.evaluate_on(model, x, y - lo, batch_size)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -109,14 +177,31 @@ def build_task(config) -> Task:
     if config.dataset in TASK_DATASETS:  # a dataset that builds its whole task (the toy)
         return importlib.import_module(TASK_DATASETS[config.dataset]).build_task(config)
 
-    from flnotes.data import load_dataset
+    from flnotes.data.multitask import MultitaskData, check_task_parts, multitask_partition
     from flnotes.data.partition import load_manifest, make_partition, save_manifest
 
-    data = load_dataset(
-        config.dataset, data_dir=config.data_dir, download=config.download,
-        seed=config.seed, **config.data_options,
-    )
-    if config.partition == "natural":
+    data = load_task_data(config)
+    if isinstance(data, MultitaskData):
+        # Each task's rows split among its own clients (client i holds task i mod T).
+        if config.partition_manifest and Path(config.partition_manifest).exists():
+            parts = load_manifest(config.partition_manifest, data.train_y)
+            if len(parts) != config.num_clients:
+                raise ValueError(
+                    f"manifest {config.partition_manifest} has {len(parts)} clients but "
+                    f"num_clients={config.num_clients}")
+            check_task_parts(data, parts)
+        else:
+            parts = multitask_partition(
+                data, config.num_clients, config.seed,
+                lambda labels, n, seed: make_partition(
+                    labels, n, config.partition, seed=seed,
+                    dirichlet_alpha=config.dirichlet_alpha,
+                    shards_per_client=config.shards_per_client,
+                    min_size=config.min_client_size))
+            if config.partition_manifest:
+                save_manifest(config.partition_manifest, parts, data.train_y,
+                              meta={"config": config.to_dict()})
+    elif config.partition == "natural":
         parts = getattr(data, "client_indices", None)
         if parts is None:
             raise ValueError(
@@ -160,6 +245,23 @@ def build_task(config) -> Task:
     return _make_task(config, data, train_parts, data.test_x, data.test_y, test_parts, "train")
 
 
+def load_task_data(config):
+    """The run's dataset as tensors: a registered one, or a composition of them ("A+B")."""
+    from flnotes.data import load_dataset
+    from flnotes.data.multitask import load_multitask
+    from flnotes.data.registry import DATASETS
+    from flnotes.data.tensors import default_data_dir
+
+    names = task_parts(config.dataset)
+    if names is None:
+        return load_dataset(config.dataset, data_dir=config.data_dir, download=config.download,
+                            seed=config.seed, **config.data_options)
+    data_dir = (Path(config.data_dir).expanduser() if config.data_dir is not None
+                else default_data_dir())
+    return load_multitask(names, DATASETS, data_dir, config.download, config.seed,
+                          **config.data_options)
+
+
 def _natural_task(config, data, parts: list[torch.Tensor], tests: list[torch.Tensor]) -> Task:
     """A natural (LEAF) split: the test set is the kept clients' own test rows."""
     rows = torch.cat(tests)
@@ -192,6 +294,9 @@ def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_sourc
         client_test_indices=[to(p) for p in test_parts] if test_parts else None,
         client_test_source=test_source,
         data_source=getattr(data, "source", ""),
+        task_names=getattr(data, "task_names", ()),
+        task_classes=getattr(data, "task_classes", ()),
+        model_name=config.model,
     )
 
 
