@@ -8,7 +8,7 @@ import torch
 from flnotes.algorithms import algorithm_names
 from flnotes.config import RunConfig, field_names
 from flnotes.config.presets import describe, preset_names, preset_values
-from flnotes.data.registry import dataset_names
+from flnotes.data.registry import composition_problem, dataset_names
 from flnotes.models import build_model
 
 # (input shape, number of classes) of each dataset a preset uses, so the preset's model can
@@ -33,19 +33,30 @@ def test_preset_builds_a_valid_config(name):
     assert set(values) <= set(field_names()), f"{name} sets unknown fields"
     if values.get("algorithm", "fedavg") not in algorithm_names():
         pytest.skip(f"{name}: algorithm {values['algorithm']!r} is not registered yet")
-    if values.get("dataset", "synthetic") not in dataset_names():
+    dataset = values.get("dataset", "synthetic")
+    composed = "+" in dataset and composition_problem(dataset) is None  # "cifar10+cifar100"
+    if dataset not in dataset_names() and not composed:
         pytest.skip(f"{name}: dataset {values['dataset']!r} has no loader yet")
     config = RunConfig.from_preset(name).resolved()
     assert config.clients_per_round <= config.num_clients
     # The model must fit the dataset: build it for the dataset's shape and run two inputs.
-    shape, classes = SHAPES[config.dataset]
-    if config.data_options.get("coarse"):
-        classes = 20
-    model = build_model(config.model, classes, shape)
-    model.eval()
+    # A composed dataset ("cifar10+cifar100"): the shared model has every task's classes,
+    # each personal model (client i: entry i mod n) its own task's (client i: task i mod T).
+    tasks = config.dataset.split("+")
+    shape = SHAPES[tasks[0]][0]
+    task_classes = [20 if config.data_options.get("coarse") else SHAPES[t][1] for t in tasks]
+    assert all(SHAPES[t][0] == shape for t in tasks)
+    builds = [(config.model, sum(task_classes))]
+    if config.personal_models:
+        names = config.personal_models.split(",")
+        builds += [(names[i % len(names)], task_classes[i % len(tasks)])
+                   for i in range(config.num_clients)]
     inputs = torch.zeros(2, *shape, dtype=torch.long if len(shape) == 1 else torch.float)
-    with torch.no_grad():
-        assert model(inputs).shape == (2, classes)
+    for name, classes in builds:
+        model = build_model(name, classes, shape)
+        model.eval()
+        with torch.no_grad():
+            assert model(inputs).shape == (2, classes)
 
 
 @pytest.mark.parametrize("name", preset_names())
@@ -118,6 +129,23 @@ def test_fml_paper_values():
     assert (v["algorithm"], v["num_clients"], v["clients_per_round"]) == ("fml", 5, 5)
     assert (v["partition"], v["weighting"]) == ("shards", "uniform")
     assert v["client_test_fraction"] > 0  # personal accuracy needs held-out data
+
+
+def test_fml_fig6_values():
+    # FML Fig. 6: LeNet5 on CIFAR-10, CNN1 on CIFAR-100, the first 250 rounds; the rest is
+    # fml-paper's (the letter's K = 5 aside: one client per task here, said in the docstring).
+    v = preset_values("fml-fig6")
+    assert (v["algorithm"], v["dataset"], v["rounds"]) == ("fml", "cifar10+cifar100", 250)
+    config = RunConfig.from_preset("fml-fig6")
+    names = config.personal_models.split(",")
+    # client i holds task i mod 2 and personal model i mod 2: CIFAR-10 clients get LeNet5
+    assert [names[i % len(names)] for i in range(config.num_clients)] == ["lenet-cifar", "cnn"]
+    paper = preset_values("fml-paper")
+    for name in COMMON + ("weight_decay", "personal_weight", "meme_weight",
+                          "client_test_fraction", "weighting"):
+        assert v[name] == paper[name]
+    assert v["clients_per_round"] == v["num_clients"]  # Alg. 1 l.2: every client each round
+    assert "normalize=\"dataset\"" in describe("fml-fig6")
 
 
 def test_fedup_paper_values():

@@ -40,7 +40,7 @@ class RunConfig:
 
     # what to run
     algorithm: str = "fedavg"
-    dataset: str = "synthetic"
+    dataset: str = "synthetic"  # or "A+B": tasks side by side for FML (Fig. 6; data/multitask)
     model: str | None = None  # None: the dataset's usual model (DEFAULT_MODEL)
     data_dir: str | None = None  # None: $FLNOTES_DATA or ~/.cache/flnotes/data
     download: bool = False
@@ -233,6 +233,9 @@ def _problems(c: RunConfig):
         elif c.partition == "natural":
             yield bad("partition", "a composed dataset splits each task among its clients: "
                       "use iid, dirichlet or shards")
+        elif isinstance(c.num_clients, int) and c.num_clients < len(parts):
+            yield bad("num_clients", f"{c.dataset!r} has {len(parts)} tasks and client i holds "
+                      f"task i mod {len(parts)}: use at least one client per task")
     elif c.dataset not in dataset_names():
         yield bad("dataset", f"registered datasets are {dataset_names()}"
                   + did_you_mean(c.dataset, dataset_names()))
