@@ -426,6 +426,7 @@ def test_resumed_multitask_run_equals_uninterrupted_run(tasks_config, tmp_path):
 @pytest.mark.parametrize("changes, words", [
     ({"dataset": "cifar10+cifar1000"}, ["'cifar1000'", "did you mean 'cifar100'"]),
     ({"dataset": "synthetic+toy"}, ["'toy'", "not a tensor dataset"]),
+    ({"dataset": "mnist+femnist"}, ["'femnist'", "own client split"]),
     ({"dataset": "synthetic+synthetic", "algorithm": "fedavg"}, ["only algorithm='fml'"]),
     ({"dataset": "synthetic+synthetic", "partition": "natural"}, ["iid, dirichlet or shards"]),
     ({"dataset": "synthetic+synthetic+synthetic", "num_clients": 2, "clients_per_round": 2},
@@ -524,3 +525,12 @@ def test_tasks_of_different_input_shapes_are_one_line(fml_config, fake_cifar):
     with pytest.raises(ValueError) as err:
         build_task(config)
     assert "\n" not in str(err.value) and "one input shape" in str(err.value)
+
+
+def test_several_tasks_on_the_vmap_backend_train_as_on_the_loop(tasks_config):
+    config = tasks_config.replace(rounds=2)
+    loop = run(config.replace(backend="loop"), progress=False)
+    vmap = run(config.replace(backend="vmap"), progress=False)
+    assert states_allclose(loop.final_state, vmap.final_state, rtol=0, atol=0)
+    assert loop.metric("personal_accuracy_synthetic-2") == vmap.metric(
+        "personal_accuracy_synthetic-2")

@@ -50,9 +50,13 @@ def composition_problem(name: str) -> str | None:
     parts = task_parts(name)
     if parts is None:
         return None
-    unknown = [part for part in parts if part not in DATASETS]
+    # LEAF's datasets bring their own client split (and rows no client trains on): not tasks.
+    composable = sorted(n for n, loader in DATASETS.items()
+                        if getattr(loader, "__module__", "") != "flnotes.data.leaf")
+    unknown = [part for part in parts if part not in composable]
     if unknown:
-        return (f"{unknown[0]!r} in {name!r} is not a tensor dataset"
-                f"{did_you_mean(unknown[0], DATASETS)}; compose two or more of "
-                f"{tensor_dataset_names()} with {SEPARATOR!r}, e.g. 'cifar10+cifar100'")
+        kind = ("comes with its own client split (LEAF)" if unknown[0] in DATASETS
+                else "is not a tensor dataset" + did_you_mean(unknown[0], composable))
+        return (f"{unknown[0]!r} in {name!r} {kind}; compose two or more of {composable} "
+                f"with {SEPARATOR!r}, e.g. 'cifar10+cifar100'")
     return None
