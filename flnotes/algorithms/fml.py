@@ -56,7 +56,10 @@ loads one dataset and has no such experiment. Decided here, and why:
   of a shared representation"). A cross-entropy over all 110 classes would also teach the
   meme to tell the tasks apart, which no curve of Fig. 6 measures.
 - The server still takes the plain mean of the memes (Alg. 1 l.5). A task's head rows get
-  gradients from that task's clients only, so they move by that task's share of the mean.
+  gradients from that task's clients only, so they move by that task's share of the mean
+  (weight decay, when set, still shrinks every row on every client).
+- Only FML trains on a composed dataset (RunConfig refuses the other methods): they have no
+  reading of Fig. 6, and a single model over 110 classes is another problem.
 - Evaluation is per task: the global model on each task's test rows, judged on that task's
   slice (``accuracy_cifar10``, ``accuracy_cifar100``; ``accuracy`` over all rows), and each
   personal model on its own client's held-out rows (``personal_accuracy_<task>``, the
