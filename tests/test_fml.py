@@ -534,3 +534,20 @@ def test_several_tasks_on_the_vmap_backend_train_as_on_the_loop(tasks_config):
     assert states_allclose(loop.final_state, vmap.final_state, rtol=0, atol=0)
     assert loop.metric("personal_accuracy_synthetic-2") == vmap.metric(
         "personal_accuracy_synthetic-2")
+
+
+def test_multitask_manifest_round_trip_and_a_manifest_that_mixes_tasks(tasks_config, tmp_path):
+    from flnotes.data.partition import save_manifest
+
+    manifest = tmp_path / "split.json"
+    config = tasks_config.replace(partition_manifest=str(manifest), client_test_fraction=0.0)
+    written = build_task(config)
+    reread = build_task(config)
+    assert all(torch.equal(a, b) for a, b in zip(written.client_indices, reread.client_indices,
+                                                 strict=True))
+    swapped = [written.client_indices[1], written.client_indices[0],
+               *written.client_indices[2:]]  # client 0 (task 0) given task 1's rows
+    save_manifest(manifest, swapped, written.train_y)
+    with pytest.raises(ValueError) as err:
+        build_task(config)
+    assert "\n" not in str(err.value) and "client 0 holds task 'synthetic'" in str(err.value)

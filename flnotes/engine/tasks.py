@@ -114,9 +114,8 @@ class Task:
     ) -> dict[str, float]:
         """Accuracy and mean loss of a model on (x, y), in eval mode.
 
-        ``classes`` = (start, stop): rows of one task, judged on that task's joint logits
-        [start, stop) (a shared model's) against labels shifted to 0..stop-start-1; with
-        start = 0 and the model's own width, that is a task's own model on its own labels.
+        ``classes`` = (start, stop): rows of one task, judged on a shared model's logits
+        [start, stop) against labels shifted to 0..stop-start-1 (several tasks).
         """
         was_training = model.training
         model.eval()
