@@ -190,3 +190,56 @@ def test_fedup_figure_presets():
     assert values("fedup-paper-shakespeare", "dataset", "model", "partition") == (
         "shakespeare", "lstm-100", "natural")
 
+
+
+def test_every_paper_preset_says_how_it_scales_inputs():
+    """Issue 15: each paper preset's docstring names the normalize rule it runs with (only
+    the official-code presets leave the default), or says its data have no such option."""
+    from flnotes.data.options import loader_options
+
+    checked = 0
+    for name in preset_names():
+        if name == "demo":  # the synthetic smoke task: no paper, no pixels to scale
+            continue
+        v, doc = preset_values(name), " ".join(describe(name).split())
+        tasks = v.get("dataset", "synthetic").split("+")
+        if any("normalize" in loader_options(t) for t in tasks):
+            rule = (v.get("data_options") or {}).get("normalize", "dataset")
+            assert f'normalize="{rule}"' in doc, f"{name} does not say normalize={rule!r}"
+            assert rule == ("fedmut-code" if "-official" in name else "dataset"), name
+        else:  # FEMNIST (LEAF's [0, 1] pixels), Shakespeare (character ids)
+            assert "no normalize option" in doc, f"{name} does not say how inputs are scaled"
+        checked += 1
+    assert checked >= 20
+
+
+def _presets_named(node) -> set[str]:
+    """Every value of a 'preset' key anywhere in a loaded YAML grid."""
+    if isinstance(node, dict):
+        found = {node["preset"]} if isinstance(node.get("preset"), str) else set()
+        return found.union(*(_presets_named(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_presets_named(v) for v in node))
+    return set()
+
+
+def test_every_preset_a_sweep_grid_names_exists():
+    """Issue 15: no grid (sweeps/ or benchmarks/, paper and smoke variants) names a preset
+    that is not registered; the presets issue 15 added are the ones their grids run."""
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    grids = sorted((repo / "sweeps").glob("*.yaml")) + sorted((repo / "benchmarks").glob("*.yaml"))
+    named = {path.name: _presets_named(yaml.safe_load(path.read_text())) for path in grids}
+    known = set(preset_names())
+    missing = {f: sorted(n - known) for f, n in named.items() if n - known}
+    assert not missing, f"grids name presets that do not exist: {missing}"
+    assert named["fedmut_table1.yaml"] >= {"fedmut-paper-vgg16"}
+    assert named["fedqp_tableI.yaml"] >= {"fedqp-paper-vgg16"}
+    assert named["fedmr_table1.yaml"] >= {"fedmr-paper-femnist", "fedmr-paper-cifar100"}
+    assert named["fedup_figures.yaml"] == {"fedup-paper-femnist-500", "fedup-paper-femnist-1020",
+                                           "fedup-paper-shakespeare"}
+    # the helper finds a preset however deep it sits
+    assert _presets_named({"a": [{"b": {"preset": "x"}}], "preset": "y"}) == {"x", "y"}

@@ -98,6 +98,9 @@ def fedmut_paper_resnet18() -> dict[str, Any]:
 
     beta0 = 0.5 for ResNet-18 is stated in "Comparison of Accuracy"; every other value and
     choice is fedmut-paper's (see its docstring).
+
+    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmut_paper(), model="resnet18", beta0=0.5)
 
@@ -111,6 +114,9 @@ def fedmut_paper_vgg16() -> dict[str, Any]:
     linear layer on its 512 features, as the common CIFAR VGG; the official FedMut/FedMR
     code's head is 512-4096-4096-classes with dropout, which this one leaves out (a 4096-wide
     head on a 1x1 feature map adds about 19M parameters).
+
+    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmut_paper(), model="vgg16", beta0=0.3)
 
@@ -143,8 +149,12 @@ def fedmut_official_cifar100() -> dict[str, Any]:
     """fedmut-official on CIFAR-100 with the 20 coarse labels the official code trains on.
 
     The official README says to set --num_classes 20 for CIFAR-100, i.e. superclasses;
-    data_options={"coarse": True} asks the loader for them; inputs are scaled with the code's
-    CIFAR-100 constants (normalize="fedmut-code"). Everything else: fedmut-official.
+    data_options={"coarse": True} asks the loader for them. Everything else: fedmut-official.
+
+    Inputs scaled as the code scales CIFAR-100 (utils/get_dataset.py): data option
+    normalize="fedmut-code", i.e. Normalize with CIFAR-10's channel means and the std
+    (0.2023, 0.1994, 0.2010), not CIFAR-100's own statistics (kept as the code has it, so
+    that a run compares with the code on the same inputs; fedmut-official says why).
     """
     return dict(fedmut_official(), dataset="cifar100",
                 data_options={"coarse": True, "normalize": "fedmut-code"})
@@ -193,6 +203,9 @@ def fedqp_paper_resnet18() -> dict[str, Any]:
 
     Table II and Fig. 4 use ResNet-18 on CIFAR-10 with Dir(0.5) and K = 10 by default. beta0 =
     0.5 is FedMut's ResNet-18 value (FedQP states none). Everything else: fedqp-paper.
+
+    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedqp_paper(), model="resnet18", beta0=0.5)
 
@@ -205,6 +218,9 @@ def fedqp_paper_vgg16() -> dict[str, Any]:
     linear layer on its 512 features, as the common CIFAR VGG; the official FedMut/FedMR
     code's head is 512-4096-4096-classes with dropout, which this one leaves out (a 4096-wide
     head on a 1x1 feature map adds about 19M parameters).
+
+    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedqp_paper(), model="vgg16", beta0=0.3)
 
@@ -234,6 +250,9 @@ def fedmr_paper_resnet20() -> dict[str, Any]:
 
     Section 5.1: ResNet-20 and VGG-16 use the two-stage scheme whose first stage lasts 100
     rounds (as in the Fig. 9 learning curves). Everything else: fedmr-paper.
+
+    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), model="resnet20", stage1_rounds=100)
 
@@ -243,7 +262,13 @@ def fedmr_paper_vgg16() -> dict[str, Any]:
     """FedMR (KDD 2024) with VGG-16: two-stage training, 100 rounds of FedAvg first.
 
     Section 5.1 (two-stage for ResNet-20 and VGG-16, first stage 100 rounds). Everything
-    else: fedmr-paper.
+    else: fedmr-paper. VGG-16 here ("vgg16", flnotes/models.py) is the 13-conv VGG with
+    BatchNorm and one linear layer on its 512 features, as the common CIFAR VGG; the official
+    FedMut/FedMR code's head is 512-4096-4096-classes with dropout, which this one leaves out
+    (a 4096-wide head on a 1x1 feature map adds about 19M parameters).
+
+    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), model="vgg16", stage1_rounds=100)
 
@@ -254,6 +279,9 @@ def fedmr_paper_cifar100() -> dict[str, Any]:
 
     Section 5.1: 100 clients for CIFAR-100 as for CIFAR-10, FedProx's best mu per data set
     0.01 / 0.001 / 0.1 for CIFAR-10 / CIFAR-100 / FEMNIST. Everything else: fedmr-paper.
+
+    Inputs: each channel standardised with CIFAR-100's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), dataset="cifar100", mu=0.001)
 
@@ -268,6 +296,10 @@ def fedmr_paper_femnist() -> dict[str, Any]:
     of LEAF's writers with at least 101 training samples (data options max_writers 180,
     min_samples 101); the McMahan CNN on 28x28 inputs (the paper's "CNN" column; its
     FEMNIST CNN is not described). Everything else: fedmr-paper.
+
+    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
+    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
+    option, and the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), dataset="femnist", model="cnn", partition="natural",
                 num_clients=180, clients_per_round=18, mu=0.1,
@@ -365,6 +397,9 @@ def fedup_paper_cifar100() -> dict[str, Any]:
     Table 4's CIFAR-100 q values are 0.02, 0.1, 0.3, 0.4, 0.6 and IID; q = 0.3 chosen (shared
     with the CIFAR-10 columns); alpha = 0.03 (about 1/K for ~32 local steps at batch 16,
     chosen here as in fedup-paper). Other choices as fedup-paper.
+
+    Inputs: each channel standardised with CIFAR-100's own mean and std (data option
+    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedup_paper(), dataset="cifar100", batch_size=16, rounds=1000, alpha=0.03)
 
@@ -378,6 +413,10 @@ def fedup_paper_femnist() -> dict[str, Any]:
     layer ("femnist-cnn"). The natural per-writer split is our reading of "non-IID" with a
     LEAF citation. Momentum 0 as in fedup-paper; alpha = 0.08 chosen here (about 1/K for
     ~12 local steps of batch 20 on a writer's ~230 samples).
+
+    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
+    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
+    option, and the paper does not say how it scales inputs.
     """
     return dict(fedup_paper(), dataset="femnist", model="femnist-cnn", partition="natural",
                 num_clients=3400, clients_per_round=340, lr=0.02, batch_size=20, rounds=1000,
@@ -391,6 +430,10 @@ def fedup_paper_femnist_500() -> dict[str, Any]:
     Section 6.3 samples "large-scale" participation, 500 and 1020 clients per round
     (fedup-paper-femnist-1020), to test that FedUp scales. Everything else:
     fedup-paper-femnist.
+
+    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
+    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
+    option, and the paper does not say how it scales inputs.
     """
     return dict(fedup_paper_femnist(), clients_per_round=500)
 
@@ -400,6 +443,10 @@ def fedup_paper_femnist_1020() -> dict[str, Any]:
     """FedUp (Sci Sin Inform 2024) Fig. 2: FEMNIST with 1020 of the 3400 clients per round.
 
     As fedup-paper-femnist-500 with 1020 clients per round (30%).
+
+    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
+    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
+    option, and the paper does not say how it scales inputs.
     """
     return dict(fedup_paper_femnist(), clients_per_round=1020)
 
@@ -416,6 +463,9 @@ def fedup_paper_shakespeare() -> dict[str, Any]:
     (not restated by FedUp; check against FedProx's appendix before quoting): lr 0.8,
     batch size 10, 143 roles, 40 rounds. FedUp's alpha 0.05 as on CIFAR-10 (not reported).
     The play texts or LEAF's JSON are read by the shakespeare loader (max_roles 143).
+
+    Inputs: windows of 80 character ids that the LSTM's embedding looks up; there are no
+    pixel values, so no normalize option applies.
     """
     return dict(fedup_paper(), dataset="shakespeare", model="lstm-100", partition="natural",
                 num_clients=143, clients_per_round=14, rounds=40, lr=0.8, batch_size=10,
