@@ -160,3 +160,19 @@ def test_shipped_grids_are_valid_in_both_variants():
                 "11_reproduce_shakespeare.ipynb": "shakespeare"}[paper.notebook.name]
             assert not list(data_option_problems(dataset, options)), (
                 path.name, cell.id, options)
+
+
+def test_fedup_figures_grid_runs_the_methods_each_figure_compares():
+    """FedUp Sec. 6.3: Fig. 2 compares every Table 4 method but FedDyn, at 500 and 1020
+    clients per round; Sec. 6.4: Fig. 3 compares FedUp with FedAvg only."""
+    paper = grids.load_grid(REPO / "sweeps" / "fedup_figures.yaml")
+    table4 = grids.load_grid(REPO / "sweeps" / "fedup_table4.yaml")
+    table4_methods = {c.parameters["algorithms"] for c in table4.cells}
+    runs: dict[tuple, set] = {}
+    for cell in paper.cells:
+        key = (cell.parameters["dataset"], cell.parameters["clients_per_round"])
+        runs.setdefault(key, set()).add(cell.parameters["algorithms"])
+    assert runs == {("femnist", 500): table4_methods - {"feddyn"},
+                    ("femnist", 1020): table4_methods - {"feddyn"},
+                    ("shakespeare", 14): {"fedavg", "fedup"}}
+    assert len(table4_methods) == 10
