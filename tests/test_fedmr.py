@@ -297,3 +297,25 @@ def test_secure_recombination_keeps_the_global_and_shuffles_the_kept_models(tiny
     # A whole run trains with it (the exchange draws from (seed, round): resumable).
     history = run(config.replace(record_states=False), progress=False)
     assert len(history.metric("accuracy")) == 2
+
+
+def test_secure_recombination_dispatches_the_same_layers_as_plain_recombination(tiny_config):
+    """App. B against plain FedMR on the same run: the server receives other models than the
+    clients trained (it cannot tell whose layer it holds), yet the next round's recombined
+    models are made of exactly the same layers, each used once, and the reported global
+    model is the same mean."""
+    config = tiny_config.replace(algorithm="fedmr", rounds=2, record_states=True)
+    plain = run(config, progress=False).trajectory
+    secure = run(config.replace(secure_exchanges=3), progress=False).trajectory
+    uploaded = plain[0]["local"]  # round 1: both runs train the same models from the same start
+    for a, b in zip(uploaded, secure[0]["local"], strict=True):
+        assert states_allclose(a, b, rtol=0, atol=0)
+    assert states_allclose(plain[0]["global"], secure[0]["global"], rtol=1e-6, atol=1e-7)
+    # Round 2's dispatch: per layer, both runs hand out the round-1 layers, each exactly once.
+    for name in float_names(uploaded[0]):
+        plain_sources = sources(plain[1]["dispatched"], uploaded, name)
+        secure_sources = sources(secure[1]["dispatched"], uploaded, name)
+        assert sorted(plain_sources) == sorted(secure_sources) == list(range(len(uploaded)))
+    # ... while the assignment differs somewhere: the exchange moved layers before upload.
+    assert any(sources(plain[1]["dispatched"], uploaded, n)
+               != sources(secure[1]["dispatched"], uploaded, n) for n in float_names(uploaded[0]))
