@@ -1,5 +1,7 @@
 """Explorers redraw without a browser; every toy plot function returns a Figure."""
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -7,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from IPython.display import Image  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from flnotes import plots as shared_plots  # noqa: E402
@@ -32,7 +35,9 @@ def _close_figures():
 @pytest.mark.parametrize("name", list(FAST))
 def test_explorer_callbacks_return_figures(name):
     explorer = getattr(widgets, name)(**FAST[name])
-    assert isinstance(explorer.refresh(), Figure)
+    assert isinstance(explorer.figure(), Figure)
+    png = explorer.refresh()  # what a redraw shows: the figure rendered once, as PNG
+    assert png.startswith(b"\x89PNG")
     # Moving a control redraws (through the observer) with the new value.
     control, widget = next((n, w) for n, w in explorer.controls.items()
                            if hasattr(w, "max") and isinstance(w.value, float))
@@ -44,6 +49,13 @@ def test_explorer_callbacks_return_figures(name):
     assert drawn and drawn[-1][control] == pytest.approx(new, abs=widget.step)
 
 
+def _pixels(png: bytes) -> bytes:
+    from PIL import Image as PILImage
+
+    with PILImage.open(io.BytesIO(png)) as image:
+        return image.tobytes()
+
+
 def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
     shown, updates = [], []
 
@@ -51,18 +63,23 @@ def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
         def update(self, obj):
             updates.append(obj)
 
-    def fake_display(obj, display_id=False):
+    def fake_display(obj, display_id=False, raw=False):
         shown.append(obj)
         return Handle() if display_id else None
 
     monkeypatch.setattr("IPython.display.display", fake_display)
     explorer = widgets.shift_explorer()
     explorer._ipython_display_()
-    # the picture, a line saying how to revive the controls in a saved copy, the controls
-    assert isinstance(shown[0], Figure) and shown[2] is explorer.box
+    # the picture (a plain image output: what a saved copy keeps), a line saying how to
+    # revive the controls, the controls with a text fallback for viewers without widgets
+    assert isinstance(shown[0], Image) and _pixels(shown[0].data) == _pixels(explorer.png())
     assert "run this cell" in shown[1].data
+    model = shown[2]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert model == explorer.box.model_id and "run this cell" in shown[2]["text/plain"]
     explorer.set(test_shift=0.4)  # the default is 0.3: a move, so a redraw
-    assert len(updates) == 1 and isinstance(updates[0], Figure)
+    assert len(updates) == 1 and isinstance(updates[0], Image)
+    # the new value's picture (stored PNGs are compressed harder: compare pixels)
+    assert _pixels(updates[0].data) == _pixels(explorer.png()) != _pixels(shown[0].data)
 
 
 def test_mutation_drawing_depends_on_p():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from functools import cache
 
 from flnotes.algorithms.base import ClientResult, Strategy
 
@@ -36,6 +37,7 @@ _REGISTRY = {
 }
 
 
+@cache  # a module's presence does not change while flnotes runs; find_spec costs stats
 def _available(name: str) -> bool:
     module = _REGISTRY[name].split(":")[0]
     return importlib.util.find_spec(module) is not None

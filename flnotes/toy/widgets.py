@@ -2,13 +2,15 @@
 
 An :class:`Explorer` pairs a pure ``draw(**values) -> Figure`` function with one control
 per argument. Displayed in a notebook it first shows the default figure as an ordinary
-image output (so a headless papermill/nbval run keeps a picture) and then the controls;
-moving a control redraws that same output in place. ``explorer.figure(**values)`` and
-``explorer.refresh()`` call the drawing without any browser, which is what the tests do.
+image output (so a headless papermill/nbval run, a saved copy and GitHub keep a picture)
+and then the controls; moving a control redraws that same output in place.
+``explorer.png(**values)`` is exactly what a move computes (draw, then one PNG rendering),
+without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
@@ -68,30 +70,59 @@ class Explorer:
         for name, value in values.items():
             self.controls[name].value = value
 
-    def refresh(self, change=None) -> Figure:
+    def png(self, **overrides) -> bytes:
+        """What one redraw computes: the figure for the current values (some overridden),
+        rendered to PNG once."""
+        fig = self.figure(**overrides)
+        try:
+            return figure_png(fig)
+        finally:
+            plt.close(fig)
+
+    def refresh(self, change=None) -> bytes:
         """Redraw for the current values; update the displayed image if there is one."""
+        from IPython.display import Image
+
         self.update_idle()
         self.status.value = "<i>drawing...</i>"  # sent at once: the browser shows it meanwhile
         try:
-            fig = self.figure()
+            png = self.png()
         finally:
             self.status.value = ""
         if self._handle is not None:
-            self._handle.update(fig)
-            plt.close(fig)
-        return fig
+            self._handle.update(Image(data=png, format="png"))
+        return png
 
     def _ipython_display_(self) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import HTML, Image, display
 
         fig = self.figure()
-        self._handle = display(fig, display_id=True)  # a plain image: survives headless runs
+        # A plain image output (smallest PNG: it is what the notebook stores), updated in
+        # place by every redraw: it survives headless runs, and a copy opened without a
+        # kernel (or on GitHub) shows the figure and the line below it.
+        self._handle = display(Image(data=figure_png(fig, compress=9), format="png"),
+                               display_id=True)
         plt.close(fig)
-        # Saved with the notebook: a copy opened without a kernel (or on GitHub) shows the
-        # figure and this line, where the controls cannot be drawn.
         display(HTML("<small><i>The controls below are live while this notebook's kernel "
                      "runs; if they are missing or show an error, run this cell.</i></small>"))
-        display(self.box)
+        # The controls, with a text fallback in place of ipywidgets' "VBox(children=...)"
+        # for any viewer that cannot draw them.
+        bundle = self.box._repr_mimebundle_()
+        bundle["text/plain"] = f"[{len(self.controls)} controls: run this cell to use them]"
+        display(bundle, raw=True)
+
+
+PNG_DPI = 100  # the notebooks' inline figures' resolution
+
+
+def figure_png(fig: Figure, compress: int = 1) -> bytes:
+    """``fig`` as PNG bytes, rendered once as laid out (the explorers' figures fix their own
+    margins; the inline backend's bbox_inches="tight" would lay them out a second time).
+    ``compress`` is zlib's level: 1 for a redraw (encoding at the default 6 costs a redraw
+    about 30 ms more), 9 for the image the notebook stores."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=PNG_DPI, pil_kwargs={"compress_level": compress})
+    return buffer.getvalue()
 
 
 MUTATION_METHODS = ("fedmut", "fedqp")  # the methods whose alpha/beta0 the sliders set
