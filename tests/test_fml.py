@@ -234,6 +234,35 @@ def test_heterogeneous_personal_models_run_on_the_vmap_backend_as_on_the_loop(fm
     assert states_allclose(loop.final_state, vmap.final_state, rtol=0, atol=0)
 
 
+def test_per_architecture_personal_accuracy_matches_a_hand_evaluation(fml_config):
+    """Fig. 5's curves: with several architectures, each one's mean personal accuracy,
+    evaluated here by hand on each client's held-out rows; none with one architecture."""
+    from flnotes.models import build_model
+
+    config = fml_config.replace(personal_models="cnn,mlp,cnn")  # client i: entry i mod 3
+    task, strategy, clients, _ = one_round(config.replace(clients_per_round=6))
+    by_model = {"cnn": [], "mlp": []}
+    for client in clients:
+        name = ("cnn", "mlp", "cnn")[client % 3]
+        personal = build_model(name, 10, (1, 28, 28))
+        personal.load_state_dict(strategy.personal[client])
+        x, y = task.client_test_data(client)
+        with torch.no_grad():
+            hits = personal(x).argmax(1) == y
+        by_model[name].append(int(hits.sum()) / len(hits))
+    metrics = strategy.round_metrics(task)
+    assert len(by_model["cnn"]) == 4 and len(by_model["mlp"]) == 2
+    for name, values in by_model.items():
+        assert metrics[f"personal_model_accuracy_{name}"] == pytest.approx(
+            sum(values) / len(values), abs=1e-12)
+    assert metrics["personal_accuracy"] == pytest.approx(
+        sum(by_model["cnn"] + by_model["mlp"]) / 6, abs=1e-12)
+    for spec in (None, "mlp"):  # one architecture: the mean is its only curve
+        own_task, one, _, _ = one_round(fml_config.replace(personal_models=spec))
+        assert not any(k.startswith("personal_model_accuracy_")
+                       for k in one.round_metrics(own_task))
+
+
 def test_unknown_personal_model_is_one_line():
     from flnotes.config import RunConfig
 

@@ -36,6 +36,11 @@ the reference loop (a stack holds one architecture per model slot).
 
 Independent training, Fig. 5's dashed reference, is ``personal_weight = 1``: the personal
 loss is then plain cross-entropy, and each personal model trains on its own client alone.
+Fig. 5 draws one curve per client and architecture and, dashed, the highest accuracy the same
+model reaches alone; with more than one architecture named, each round also records
+``personal_model_accuracy_<name>``, the mean personal accuracy of the clients holding that
+architecture (one client each when the list has one entry per client, as in Fig. 5), whose
+best round over a ``personal_weight = 1`` run is the dashed line.
 
 Objective heterogeneity (Fig. 6: "LeNet5 and CNN1 models, trained independently on CIFAR-10
 and CIFAR-100 ... [and] trained using FML ... despite the presence of different tasks
@@ -302,7 +307,8 @@ class FML(Strategy):
 
     def round_metrics(self, task) -> dict[str, float]:
         """Mean accuracy of each personal model on its own client's held-out data (and of
-        each task's personal models, with several tasks)."""
+        each task's personal models, with several tasks; of each architecture's, with several
+        architectures and one task)."""
         if task.client_test_indices is None:
             raise ValueError(
                 "FML reports personal_accuracy on each client's held-out data, but this task "
@@ -310,17 +316,24 @@ class FML(Strategy):
         if not self.personal:
             return {"personal_clients": 0}
         accuracies: dict[int, list[float]] = {}
+        by_model: dict[str, list[float]] = {}
+        names = personal_architectures(self.config.personal_models)
         for client, state in sorted(self.personal.items()):
             _, model = self._two_models(task, client)
             check_personal_state(task, client, state, model)
             model.load_state_dict(state)
             result = task.evaluate_client(model, client, self.config.eval_batch_size)
             accuracies.setdefault(task.client_task(client), []).append(result["accuracy"])
+            if names:
+                by_model.setdefault(names[client % len(names)], []).append(result["accuracy"])
         every = [a for values in accuracies.values() for a in values]
         row = {"personal_accuracy": sum(every) / len(every), "personal_clients": len(every)}
         if task.num_tasks > 1:  # Fig. 6's curves: each task's personal models
             for t, values in sorted(accuracies.items()):
                 row[f"personal_accuracy_{task.task_label(t)}"] = sum(values) / len(values)
+        elif len(set(names)) > 1:  # Fig. 5's curves: each architecture's personal models
+            for name, values in sorted(by_model.items()):
+                row[f"personal_model_accuracy_{name}"] = sum(values) / len(values)
         return row
 
     def state_dict(self) -> dict:
