@@ -49,11 +49,16 @@ def test_explorer_callbacks_return_figures(name):
     assert drawn and drawn[-1][control] == pytest.approx(new, abs=widget.step)
 
 
-def _pixels(png: bytes) -> bytes:
+def _image(png: bytes):
     from PIL import Image as PILImage
 
-    with PILImage.open(io.BytesIO(png)) as image:
-        return image.tobytes()
+    image = PILImage.open(io.BytesIO(png))
+    image.load()
+    return image
+
+
+def _pixels(png: bytes) -> bytes:
+    return _image(png).convert("RGBA").tobytes()
 
 
 def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
@@ -190,3 +195,48 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
     # a penalty weight keeps its default); FedQP once per alpha.
     assert [a for a, _ in calls].count(["fedavg"]) == 1
     assert runs == {("fedavg", None), ("fedup", None), ("fedqp", 3.0), ("fedqp", 2.0)}
+
+
+@pytest.mark.parametrize("explorer, moves", [
+    ("training_explorer", [{"rounds": 3}, {"algorithm": "fedqp"}, {"shift": 0.5},
+                           {"algorithm": "fedavg"}]),
+    ("mutation_explorer", [{"qp_prob": 1.0}, {"layerwise": True}, {"alpha": 2.0},
+                           {"kind": "sign"}]),
+])
+def test_a_kept_figure_redraws_what_a_fresh_figure_draws(explorer, moves):
+    """A scene's redraw (background rendered once per landscape, moving artists drawn onto
+    it) must show what a new, fully drawn figure of the same values shows."""
+    import numpy as np
+
+    ex = getattr(widgets, explorer)(**FAST[explorer])
+    ex.png()
+    for move in moves:
+        ex.set(**move)
+        kept = np.asarray(_image(ex.png()).convert("RGB"), dtype=int)
+        fig = ex.figure()
+        fresh = np.asarray(_image(widgets.figure_png(fig)).convert("RGB"), dtype=int)
+        plt.close(fig)
+        assert kept.shape == fresh.shape, move
+        # Antialiased edges where a moving artist meets a static one may differ a little.
+        assert (np.abs(kept - fresh).sum(-1) > 30).mean() < 0.002, move
+
+
+def test_mutation_regions_are_the_disc_and_its_projection():
+    """The shaded regions: the disc of radius alpha |g| and, through FedQP's projection
+    code, the half disc ahead of the global model (FedQP Fig. 1's fan)."""
+    import math
+
+    center, g, alpha = (0.2, 1.0), (-0.3, 0.15), 3.0
+    radius = alpha * math.hypot(*g)
+    disc = toy.mutation_region(center, g, alpha) - torch.tensor(center, dtype=torch.float64)
+    assert torch.allclose(disc.norm(dim=1), torch.full_like(disc[:, 0], radius))
+    fan = toy.mutation_region(center, g, alpha, projected=True)
+    moved = fan - torch.tensor(center, dtype=torch.float64)
+    ahead = moved @ torch.tensor(g, dtype=torch.float64)
+    # the toy's layers are float32: the projection holds to float32's precision
+    assert (ahead >= -1e-6).all() and (moved.norm(dim=1) <= radius + 1e-6).all()
+    # Its area is half the disc's (shoelace formula), up to the polygon's chords.
+    x, y = fan[:, 0], fan[:, 1]
+    area = 0.5 * abs(float((x * y.roll(-1) - x.roll(-1) * y).sum()))
+    assert area == pytest.approx(math.pi * radius**2 / 2, rel=2e-3)
+    assert toy.mutation_region(center, g, 0.0, projected=True).shape == (180, 2)  # a point

@@ -65,6 +65,38 @@ def mutation_points(center: Sequence[float], update: Sequence[float], *, kind: s
     return torch.tensor([point_of(m) for m in mutants])
 
 
+def mutation_region(center: Sequence[float], update: Sequence[float], alpha: float,
+                    projected: bool = False, points: int = 180) -> torch.Tensor:
+    """The region (M, 2) polygon a whole-vector mutation of ``center`` can reach: the disc
+    of radius alpha * |g| (FedMut), or with ``projected`` its image under FedQP's projection
+    (the fan of FedQP's Fig. 1: the half disc ahead of the global model).
+
+    The fan is computed by the strategies' own projection (``project_mutants`` with
+    probability 1) applied to mutants on the disc's rim, then closed through the centre:
+    the projection onto a half-plane maps the disc to the convex hull of its rim's image.
+    """
+    from flnotes.algorithms.mutation import project_mutants
+
+    cx, cy = float(center[0]), float(center[1])
+    radius = float(alpha) * math.hypot(float(update[0]), float(update[1]))
+    angles = torch.linspace(0.0, 2 * math.pi, points + 1, dtype=torch.float64)[:-1]
+    rim = torch.stack([cx + radius * angles.cos(), cy + radius * angles.sin()], dim=1)
+    if not projected or radius == 0:  # alpha = 0 or g = 0: the region is the point itself
+        return rim
+    glob, g = state_of(center), state_of(update)
+    moved = project_mutants(glob, [state_of(p.tolist()) for p in rim], g, 1.0,
+                            torch_generator(0, "toy-region"), layerwise=False)
+    image = torch.tensor([point_of(m) for m in moved], dtype=torch.float64)
+    return _convex_hull(torch.cat([image, torch.tensor([[cx, cy]], dtype=torch.float64)]))
+
+
+def _convex_hull(points: torch.Tensor) -> torch.Tensor:
+    """The convex hull's vertices of points (N, 2), in order round it."""
+    from scipy.spatial import ConvexHull
+
+    return points[torch.as_tensor(ConvexHull(points.numpy()).vertices)]
+
+
 def mutation_round(fn, center: Sequence[float], update: Sequence[float], *, steps: int = 20,
                    lr: float = 0.05, **mutation) -> dict[str, torch.Tensor]:
     """One FedMut-style round on a single landscape ``fn`` (FedMut Fig. 2): mutate, descend, mean.

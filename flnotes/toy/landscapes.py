@@ -194,12 +194,32 @@ def flat_and_sharp(flat_center=(-1.5, 0.0), sharp_center=(1.5, 0.0), flat_depth:
 def flat_and_sharp_minima(landscape: Landscape) -> torch.Tensor:
     """The (flat, sharp) minima (2, 2) of a :func:`flat_and_sharp` landscape.
 
-    Gradient descent from the first flat and the first sharp well's centre, run to
-    convergence: lr 0.01 stays stable up to a curvature of 200 (a sharp width of 0.08) and
-    1,500 steps settle the flat well (curvature about 1.3) to float64 precision.
+    Newton's method from the first flat and the first sharp well's centre, where the well's
+    curvature dominates the bowl's: three or four steps reach float64 precision (gradient
+    about 1e-15), where 1,500 steps of gradient descent took a slider's redraw a quarter
+    of a second. A point where the Hessian is not positive definite would be a saddle, not
+    a minimum: that raises instead of being returned.
     """
     starts = torch.stack([landscape.centers_of("flat")[0], landscape.centers_of("sharp")[0]])
-    return descend(landscape, starts, steps=1500, lr=0.01)
+    return newton_minima(landscape, starts)
+
+
+def newton_minima(fn: LossFn, points, steps: int = 50, tol: float = 1e-14) -> torch.Tensor:
+    """Newton's method p <- p - H(p)^-1 grad(p) from every point (n, 2) at once; the end
+    points, checked to be minima (positive definite Hessian)."""
+    p = torch.as_tensor(points, dtype=torch.float64).clone()
+    # Reverse over reverse: torch.func.hessian's forward mode loads TorchScript decompositions
+    # on first use (a second, and a deprecation warning in the notebook).
+    hessians = torch.func.vmap(torch.func.jacrev(torch.func.jacrev(fn)))
+    for _ in range(steps):
+        step = torch.linalg.solve(hessians(p), gradient(fn, p).unsqueeze(-1)).squeeze(-1)
+        p = p - step
+        if step.abs().max() < tol:
+            break
+    if (torch.linalg.eigvalsh(hessians(p))[..., 0] <= 0).any():
+        raise ValueError("Newton's method ended on a point that is not a minimum: start it "
+                         "nearer one (inside the well)")
+    return p
 
 
 def fedmut_fig2(num_clients: int = 2, shift: float = 0.3, **kwargs) -> Federation:

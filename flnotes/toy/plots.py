@@ -185,78 +185,218 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     return fig
 
 
+def new_figure(rows: int, columns: int, figsize, pyplot: bool = True):
+    """(figure, axes array (rows, columns)): through pyplot, so that a notebook cell shows it,
+    or (``pyplot=False``) a figure pyplot never sees, for one an explorer keeps and redraws."""
+    if pyplot:
+        return plt.subplots(rows, columns, figsize=figsize, squeeze=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, columns, squeeze=False)
+
+
+class TrajectoryArtists:
+    """One run's trajectory on an axes: global path (red), start, final global model, each
+    client's local move (white segments), dispatched models (red squares) and local models
+    (blue stars). Created empty; :meth:`set` moves them to a run's points, so an explorer
+    redraws a kept figure by moving these artists only.
+    """
+
+    def __init__(self, ax, clients: bool = True, label: str = "global model") -> None:
+        from matplotlib.collections import LineCollection
+
+        self.path, = ax.plot([], [], label=label, zorder=4, **GLOBAL_STYLE)
+        self.start, = ax.plot([], [], "o", color="red", ms=9, mec="white", zorder=5,
+                              label="start")
+        self.final, = ax.plot([], [], "o", color="tab:blue", ms=9, mec="white", zorder=5,
+                              label="final global")
+        self.artists = [self.path, self.start, self.final]
+        self.clients = clients
+        if clients:
+            # Each client's local move, dispatched -> local: one collection, not a line each.
+            self.moves = ax.add_collection(LineCollection([], colors="white", linewidths=0.6,
+                                                          alpha=0.7, zorder=2))
+            self.dispatched = ax.scatter([], [], zorder=3, label="dispatched",
+                                         **DISPATCHED_STYLE)
+            self.local = ax.scatter([], [], zorder=3, label="local", **LOCAL_STYLE)
+            self.artists = [self.moves, self.dispatched, self.local, *self.artists]
+
+    def set(self, points: Mapping[str, object], rounds: int | None = None) -> None:
+        """Show ``points`` (:func:`flnotes.toy.trajectory_points`), the first ``rounds``."""
+        glob = points["global"][: None if rounds is None else rounds + 1].numpy()
+        self.path.set_data(glob[:, 0], glob[:, 1])
+        self.start.set_data(glob[:1, 0], glob[:1, 1])
+        self.final.set_data(glob[-1:, 0], glob[-1:, 1])
+        if self.clients:
+            disp = points["dispatched"][:rounds].reshape(-1, 2).numpy()
+            local = points["local"][:rounds].reshape(-1, 2).numpy()
+            self.moves.set_segments(list(zip(disp, local, strict=True)))
+            self.dispatched.set_offsets(disp)
+            self.local.set_offsets(local)
+
+
 def draw_trajectory(ax, points: Mapping[str, object], rounds: int | None = None,
                     clients: bool = True, label: str = "global model") -> None:
     """Global path (red), dispatched models (red squares) and local models (blue stars).
 
     ``points`` is :func:`flnotes.toy.trajectory_points` output; ``rounds`` keeps the first ones.
     """
-    glob = points["global"][: None if rounds is None else rounds + 1].numpy()
-    ax.plot(glob[:, 0], glob[:, 1], label=label, zorder=4, **GLOBAL_STYLE)
-    ax.plot(*glob[0], "o", color="red", ms=9, mec="white", zorder=5, label="start")
-    ax.plot(*glob[-1], "o", color="tab:blue", ms=9, mec="white", zorder=5, label="final global")
-    if clients:
-        disp = points["dispatched"][:rounds].reshape(-1, 2).numpy()
-        local = points["local"][:rounds].reshape(-1, 2).numpy()
-        for a, b in zip(disp, local, strict=True):
-            ax.plot([a[0], b[0]], [a[1], b[1]], color="white", lw=0.6, alpha=0.7, zorder=2)
-        ax.scatter(disp[:, 0], disp[:, 1], zorder=3, label="dispatched", **DISPATCHED_STYLE)
-        ax.scatter(local[:, 0], local[:, 1], zorder=3, label="local", **LOCAL_STYLE)
+    TrajectoryArtists(ax, clients, label).set(points, rounds)
+
+
+class TrajectoryFigure:
+    """One panel per run, each run's trajectory over the loss ``fn``; :meth:`set` shows new
+    runs (and titles) in the same panels, changing the trajectory artists only.
+
+    ``moving`` lists the artists that :meth:`set` changes: what an explorer redraws over
+    the rest (landscapes, basins, legend), which it renders once.
+    """
+
+    def __init__(self, fn, panels: int, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
+                 clients: bool = True, legend: bool = True, pyplot: bool = True) -> None:
+        self.fig, axes = new_figure(1, panels, (4.2 * panels, 4.2), pyplot)
+        self.axes = list(axes[0])
+        self.tracks = []
+        for ax in self.axes:
+            draw_landscape(ax, fn, xlim, ylim)
+            if federation is not None:
+                mark_basins(ax, federation)
+            self.tracks.append(TrajectoryArtists(ax, clients=clients))
+        # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
+        self.fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
+        if legend:
+            # One legend for all panels, below them: inside a panel it covered where runs
+            # end. Each entry once.
+            entries = {}
+            for ax in self.axes:
+                for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+                    entries.setdefault(text, handle)
+            self.fig.legend(entries.values(), entries.keys(), loc="lower center", fontsize=8,
+                            ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
+                            bbox_to_anchor=(0.5, 0.0))  # grey: the white flat-basin dashes show
+            self.fig.subplots_adjust(bottom=0.24)
+        self.moving = [a for track in self.tracks for a in track.artists]
+        self.moving += [ax.title for ax in self.axes]
+
+    def set(self, runs: Mapping[str, Mapping], rounds: int | None = None) -> Figure:
+        """Show ``runs`` ({title: trajectory points}), one per panel, in order."""
+        if len(runs) != len(self.axes):
+            raise ValueError(f"{len(runs)} runs for {len(self.axes)} panels")
+        for ax, track, (label, points) in zip(self.axes, self.tracks, runs.items(),
+                                              strict=True):
+            track.set(points, rounds)
+            ax.set_title(label)
+        return self.fig
 
 
 def plot_trajectories(fn, runs: Mapping[str, Mapping], federation=None, xlim=LIMITS[0],
                       ylim=LIMITS[1], rounds: int | None = None, clients: bool = True,
                       legend: bool = True) -> Figure:
     """One panel per run: its trajectory drawn over the loss ``fn`` (e.g. the global loss)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 4.2), squeeze=False)
-    for ax, (label, points) in zip(axes[0], runs.items(), strict=True):
-        draw_landscape(ax, fn, xlim, ylim)
-        if federation is not None:
-            mark_basins(ax, federation)
-        draw_trajectory(ax, points, rounds=rounds, clients=clients)
-        ax.set_title(label)
-    # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
-    fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
-    if legend:
-        # One legend for all panels, below them: inside a panel it covered where runs end.
-        # Each entry once, from whichever panel has it (FedAvg's has no dispatched models).
+    return TrajectoryFigure(fn, len(runs), federation, xlim, ylim, clients=clients,
+                            legend=legend).set(runs, rounds)
+
+
+REGION_STYLES = {  # the regions a mutation can reach (FedQP Fig. 1 shades them)
+    "circle": {"color": "tab:red", "alpha": 0.18, "lw": 0,
+               "label": "reach: disc of radius alpha |g|"},
+    "fan": {"color": "gold", "alpha": 0.45, "lw": 0,
+            "label": "fan: the disc projected (FedQP Fig. 1)"},
+}
+
+
+class MutantsFigure:
+    """Mutation regions: per panel the global model, its update g (arrow) and the mutants
+    around it, optionally over the shaded regions they can reach. :meth:`set` draws new
+    mutants in the same panels; ``moving`` lists the artists it changes.
+    """
+
+    def __init__(self, fn, center, panels: int, half_width: float = 1.0,
+                 pyplot: bool = True) -> None:
+        from matplotlib.patches import Polygon
+
+        cx, cy = float(center[0]), float(center[1])
+        self.center = (cx, cy)
+        xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
+        self.fig, axes = new_figure(1, panels, (3.6 * panels, 4.3), pyplot)
+        self.axes = list(axes[0])
+        self.parts = []
+        for ax in self.axes:
+            draw_landscape(ax, fn, xlim, ylim, num=81)
+            regions = {name: ax.add_patch(Polygon([(cx, cy)], closed=True, zorder=2,
+                                                  visible=False, **style))
+                       for name, style in REGION_STYLES.items()}
+            cloud = ax.scatter([], [], s=4, color="white", alpha=0.35, lw=0, zorder=2.5,
+                               label="more draws of the same mutation")
+            mutants = ax.scatter([], [], zorder=3, label="mutants", **DISPATCHED_STYLE)
+            arrow = ax.annotate("", xy=(cx, cy), xytext=(cx, cy), zorder=3.5,
+                                arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.5})
+            ax.plot(cx, cy, "o", color="red", ms=8, mec="white", zorder=4, label="global model")
+            self.parts.append({"regions": regions, "cloud": cloud, "mutants": mutants,
+                               "arrow": arrow})
+        # Fixed margins (tight_layout would lay the figure out twice per redraw); the legend
+        # goes below the panels, where it covers no mutant.
+        self.fig.subplots_adjust(left=0.1 / panels + 0.04, right=0.98, top=0.92, bottom=0.27,
+                                 wspace=0.3)
+        self.moving = [a for part in self.parts
+                       for a in (*part["regions"].values(), part["cloud"], part["mutants"],
+                                 part["arrow"])]
+        self.moving += [ax.title for ax in self.axes]
+        self.legend = None
+
+    def set(self, update, panels: Mapping[str, object],
+            clouds: Mapping[str, object] | None = None, arrow_scale: float = 1.0,
+            regions: Mapping[str, Mapping[str, object]] | None = None) -> Figure:
+        """``panels`` maps a title to the mutants (K, 2) a strategy sends; ``clouds`` the same
+        titles to many more draws of the same mutation, which fill in its region; ``regions``
+        the same titles to {"circle" | "fan": polygon (M, 2)} to shade."""
+        import numpy as np
+
+        cx, cy = self.center
+        tip = (cx + arrow_scale * float(update[0]), cy + arrow_scale * float(update[1]))
+        for ax, part, (title, mutants) in zip(self.axes, self.parts, panels.items(),
+                                              strict=True):
+            part["mutants"].set_offsets(mutants.numpy())
+            cloud = clouds.get(title) if clouds else None
+            part["cloud"].set_offsets(np.empty((0, 2)) if cloud is None else cloud.numpy())
+            shaded = (regions or {}).get(title, {})
+            for name, patch in part["regions"].items():
+                patch.set_visible(name in shaded)
+                if name in shaded:
+                    patch.set_xy(np.asarray(shaded[name], dtype=float))
+            part["arrow"].xy = tip
+            ax.set_title(title, fontsize=10)
+        # One legend, below the panels, of every mark shown in any panel (a region shaded
+        # in one panel only is named once); rebuilt, as the shaded regions change.
         entries = {}
-        for ax in axes[0]:
+        for ax in self.axes:
             for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
-                entries.setdefault(text, handle)
-        fig.legend(entries.values(), entries.keys(), loc="lower center", fontsize=8,
-                   ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
-                   bbox_to_anchor=(0.5, -0.02))  # grey: the white flat-basin dashes show
-        fig.subplots_adjust(bottom=0.28)
-    return fig
+                if handle.get_visible():
+                    entries.setdefault(text, handle)
+        if self.legend is not None:
+            self.legend.remove()
+            self.moving.remove(self.legend)
+        self.legend = self.fig.legend(entries.values(), entries.keys(), fontsize=8,
+                                      loc="lower center", ncol=2, facecolor="0.75",
+                                      framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
+        self.moving.append(self.legend)  # drawn over the mutants, as in a full draw
+        return self.fig
 
 
 def plot_mutants(fn, center, update, panels: Mapping[str, object],
                  clouds: Mapping[str, object] | None = None, half_width: float = 1.0,
-                 arrow_scale: float = 1.0) -> Figure:
+                 arrow_scale: float = 1.0,
+                 regions: Mapping[str, Mapping[str, object]] | None = None) -> Figure:
     """Mutation regions: per panel the global model, its update g and the mutants around it.
 
     ``panels`` maps a title to the mutants (K, 2) a strategy sends; ``clouds`` (optional)
-    maps the same titles to many more draws of the same mutation, which fill in its region.
+    maps the same titles to many more draws of the same mutation, which fill in its region;
+    ``regions`` (optional) maps them to the shaded regions ({"circle" | "fan": polygon}).
     """
-    cx, cy = float(center[0]), float(center[1])
-    xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.7), squeeze=False)
-    for ax, (title, mutants) in zip(axes[0], panels.items(), strict=True):
-        draw_landscape(ax, fn, xlim, ylim, num=81)
-        if clouds and title in clouds:
-            cloud = clouds[title].numpy()
-            ax.scatter(cloud[:, 0], cloud[:, 1], s=4, color="white", alpha=0.35, lw=0)
-        m = mutants.numpy()
-        ax.scatter(m[:, 0], m[:, 1], zorder=3, label="mutants", **DISPATCHED_STYLE)
-        tip = (cx + arrow_scale * float(update[0]), cy + arrow_scale * float(update[1]))
-        ax.annotate("", xy=tip, xytext=(cx, cy),
-                    arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.5})
-        ax.plot(cx, cy, "o", color="red", ms=8, mec="white", zorder=4, label="global model")
-        ax.set_title(title, fontsize=10)
-    axes[0][0].legend(fontsize=7, loc="lower left", framealpha=0.8)
-    fig.tight_layout()
-    return fig
+    return MutantsFigure(fn, center, len(panels), half_width).set(
+        update, panels, clouds, arrow_scale, regions)
 
 
 def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:

@@ -32,8 +32,10 @@ class Explorer:
     """
 
     def __init__(self, draw: Callable[..., Figure], controls: Mapping[str, W.ValueWidget],
-                 title: str = "", idle: Callable[[dict], Mapping[str, str]] | None = None) -> None:
+                 title: str = "", idle: Callable[[dict], Mapping[str, str]] | None = None,
+                 scene: Scene | None = None) -> None:
         self.draw = draw
+        self.scene = scene  # if given, redraws move its kept figure's artists (see Scene)
         self.controls = dict(controls)
         self.idle = idle
         self.reasons = {name: W.HTML("", layout=W.Layout(margin="0 0 0 8px"))
@@ -73,6 +75,8 @@ class Explorer:
     def png(self, **overrides) -> bytes:
         """What one redraw computes: the figure for the current values (some overridden),
         rendered to PNG once."""
+        if self.scene is not None and self.draw == self.scene.figure:  # not swapped out
+            return self.scene.png({**self.values(), **overrides})
         fig = self.figure(**overrides)
         try:
             return figure_png(fig)
@@ -125,6 +129,73 @@ def figure_png(fig: Figure, compress: int = 1) -> bytes:
     return buffer.getvalue()
 
 
+class Scene:
+    """A drawing an explorer keeps between redraws, for moves that change a few artists.
+
+    A subclass says what needs a new figure (``key``: a new landscape, another number of
+    panels), draws one (``build``: an object with ``fig`` and ``moving``, the artists that
+    ``update`` changes) and moves its artists to new values (``update``). A redraw on the
+    same key restores the figure's rendered background (every artist but the moving ones,
+    rendered once per key) and draws only the moving artists onto it: the landscapes'
+    contours, ticks and labels are not drawn again. ``figure(**values)`` is the same
+    drawing as an ordinary, fully drawn pyplot figure.
+    """
+
+    def __init__(self) -> None:
+        self._key = None
+        self._drawing = None
+        self._background = None
+
+    def key(self, values: dict):  # pragma: no cover - every scene defines these three
+        raise NotImplementedError
+
+    def build(self, values: dict, pyplot: bool):  # pragma: no cover
+        raise NotImplementedError
+
+    def update(self, drawing, values: dict) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def figure(self, **values) -> Figure:
+        """A new, fully drawn figure for ``values`` (the static picture a cell shows)."""
+        drawing = self.build(values, pyplot=True)
+        self.update(drawing, values)
+        return drawing.fig
+
+    def png(self, values: dict) -> bytes:
+        """The PNG for ``values``: the kept figure, its moving artists redrawn."""
+        import numpy as np
+        from PIL import Image as PILImage
+
+        key = self.key(values)
+        if self._drawing is None or key != self._key:
+            self._drawing = self.build(values, pyplot=False)
+            self.update(self._drawing, values)
+            self._key, self._background = key, self._render_background(self._drawing)
+        else:
+            self.update(self._drawing, values)
+        fig = self._drawing.fig
+        fig.canvas.restore_region(self._background)
+        for artist in self._drawing.moving:
+            if artist.get_visible():
+                fig.draw_artist(artist)
+        buffer = io.BytesIO()
+        PILImage.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(
+            buffer, format="png", compress_level=1)
+        return buffer.getvalue()
+
+    @staticmethod
+    def _render_background(drawing):
+        """Render everything but the moving artists once; their visibility is kept."""
+        shown = [artist.get_visible() for artist in drawing.moving]
+        for artist in drawing.moving:
+            artist.set_visible(False)
+        drawing.fig.canvas.draw()
+        background = drawing.fig.canvas.copy_from_bbox(drawing.fig.bbox)
+        for artist, visible in zip(drawing.moving, shown, strict=True):
+            artist.set_visible(visible)
+        return background
+
+
 MUTATION_METHODS = ("fedmut", "fedqp")  # the methods whose alpha/beta0 the sliders set
 
 
@@ -134,23 +205,65 @@ def _slider(value: float, lo: float, hi: float, step: float, description: str) -
 
 
 # ---- the explorers ---------------------------------------------------------------------------
+class MutationScene(Scene):
+    """FedMut's mutants next to FedQP's around one model: the landscape is drawn once per
+    zoom; a move redraws the mutants, their cloud, the shaded regions and the arrow."""
+
+    def __init__(self, center=(0.0, 1.1), update=(0.12, 0.08),
+                 half_width: float | None = None) -> None:
+        super().__init__()
+        self.center, self.update_ = tuple(center), tuple(update)
+        self.half_width = half_width
+
+    def half(self, values: dict) -> float:
+        """The zoom: the given half width, else one that frames alpha * |g|."""
+        norm = float(sum(u * u for u in self.update_) ** 0.5)
+        return self.half_width or max(1.0, 1.3 * values["alpha"] * norm)
+
+    def key(self, values: dict):
+        return self.half(values)
+
+    def build(self, values: dict, pyplot: bool):
+        fed = make_federation("fedmut-fig1")
+        return plots.MutantsFigure(fed.global_loss, self.center, 2, half_width=self.half(values),
+                                   pyplot=pyplot)
+
+    def update(self, drawing, values: dict) -> None:
+        drawing.set(self.update_, *_mutation_panels(
+            self.center, self.update_, float(values["alpha"]), float(values["beta"]),
+            float(values["qp_prob"]), values["kind"], bool(values["layerwise"]),
+            int(values["num_models"]), int(values.get("seed", 0))))
+
+
+@lru_cache(maxsize=128)
+def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp_prob: float,
+                     kind: str, layerwise: bool, num_models: int, seed: int):
+    """(panels, clouds, arrow scale, regions) of the mutation figure, kept per setting."""
+    from flnotes.toy import mutation_points, mutation_region
+
+    common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
+    panels, clouds, regions = {}, {}, {}
+    for title, p in ((f"FedMut ({kind})", 0.0), (f"FedQP ({kind}, p={qp_prob:.2f})", qp_prob)):
+        panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
+                                        **common)
+        clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
+        if not layerwise:  # a whole-vector mutation reaches a region: shade it (FedQP Fig. 1)
+            regions[title] = {}
+            if p < 1:  # unprojected mutations reach the disc
+                regions[title]["circle"] = mutation_region(center, update, alpha)
+            if p > 0:  # projected ones the fan
+                regions[title]["fan"] = mutation_region(center, update, alpha, projected=True)
+    return panels, clouds, alpha, regions
+
+
 def draw_mutations(alpha: float = 4.0, beta: float = 0.0, qp_prob: float = 0.5,
                    kind: str = "gaussian", layerwise: bool = False, num_models: int = 8,
                    seed: int = 0, center=(0.0, 1.1), update=(0.12, 0.08),
                    half_width: float | None = None) -> Figure:
     """FedMut's mutants next to FedQP's (projection with probability p) around one model."""
-    from flnotes.toy import mutation_points
-
-    fed = make_federation("fedmut-fig1")
-    common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
-    panels, clouds = {}, {}
-    for title, p in ((f"FedMut ({kind})", 0.0), (f"FedQP ({kind}, p={qp_prob:.2f})", qp_prob)):
-        panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
-                                        **common)
-        clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
-    half = half_width or max(1.0, 1.3 * alpha * float(sum(u * u for u in update) ** 0.5))
-    return plots.plot_mutants(fed.global_loss, center, update, panels, clouds,
-                              half_width=half, arrow_scale=alpha)
+    return MutationScene(center, update, half_width).figure(
+        alpha=alpha, beta=beta, qp_prob=qp_prob, kind=kind, layerwise=layerwise,
+        num_models=num_models, seed=seed)
 
 
 def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float | None = None,
@@ -160,8 +273,6 @@ def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float 
     ``center``, ``update`` (the global model and its last move g) and ``half_width`` (the
     zoom) are fixed: pass a notebook's own, so the explorer starts from its figures.
     """
-    from functools import partial
-
     d = {"alpha": 4.0, "beta": 0.0, "qp_prob": 0.5, "kind": "gaussian", "layerwise": False,
          "num_models": 8, **defaults}
     controls = {
@@ -179,9 +290,9 @@ def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float 
                             "prefer (choose kind = sign)"}
         return {}
 
-    draw = partial(draw_mutations, center=tuple(center), update=tuple(update),
-                   half_width=half_width)
-    return Explorer(draw, controls, "Mutation regions: circle vs fan", idle=idle)
+    scene = MutationScene(center, update, half_width)
+    return Explorer(scene.figure, controls, "Mutation regions: circle vs fan", idle=idle,
+                    scene=scene)
 
 
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
@@ -205,11 +316,26 @@ def client_explorer(**defaults) -> Explorer:
     return Explorer(draw_clients, controls, "Client landscapes and their overlap")
 
 
-def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
+class TrainingScene(Scene):
+    """FedAvg next to another method on the two-client toy: the landscapes are drawn once
+    per client shift; a move redraws the trajectories and titles."""
+
+    def key(self, values: dict):
+        return float(values["shift"]), values["algorithm"] == "fedavg"
+
+    def build(self, values: dict, pyplot: bool):
+        fed = make_federation("fedmut-fig1", shift=float(values["shift"]))
+        panels = 1 if values["algorithm"] == "fedavg" else 2
+        return plots.TrajectoryFigure(fed.global_loss, panels, federation=fed, pyplot=pyplot)
+
+    def update(self, drawing, values: dict) -> None:
+        drawing.set(training_runs(**values))
+
+
+def training_runs(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                   alpha: float = 4.0, beta0: float = 0.3, shift: float = 1.0,
-                  start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> Figure:
-    """FedAvg next to another method on the two-client toy, from the same start and seed."""
-    fed = make_federation("fedmut-fig1", shift=shift)
+                  start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> dict:
+    """{title: trajectory points} of FedAvg and ``algorithm`` from the same start and seed."""
     runs = {}
     for name in dict.fromkeys(["fedavg", algorithm]):
         # alpha and beta0 are the mutation's range and preference: only FedMut/FedQP get them
@@ -219,7 +345,16 @@ def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                                  float(start_y), int(seed), mutation)
         where = "flat" if final.get("accuracy") else "not flat"
         runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
-    return plots.plot_trajectories(fed.global_loss, runs, federation=fed)
+    return runs
+
+
+def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
+                  alpha: float = 4.0, beta0: float = 0.3, shift: float = 1.0,
+                  start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> Figure:
+    """FedAvg next to another method on the two-client toy, from the same start and seed."""
+    return TrainingScene().figure(algorithm=algorithm, lr=lr, rounds=rounds, alpha=alpha,
+                                  beta0=beta0, shift=shift, start_x=start_x, start_y=start_y,
+                                  seed=seed)
 
 
 @lru_cache(maxsize=256)
@@ -230,7 +365,9 @@ def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, st
     from flnotes.toy import run_toy
 
     extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
-    history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed,
+    # Evaluated once, after the last round: the picture needs the recorded states of every
+    # round but the evaluation (a Hessian per round) of the last only.
+    history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed, eval_every=rounds,
                               data_options={"start": [start_x, start_y], "shift": shift},
                               **extra)
     return dict(history.rows[-1]), points
@@ -261,13 +398,13 @@ def training_explorer(**defaults) -> Explorer:
         why = f"{method} has no mutation: alpha and beta0 are FedMut's and FedQP's"
         return {"alpha": why, "beta0": why}
 
-    return Explorer(draw_training, controls, "Train the toy federation", idle=idle)
+    scene = TrainingScene()
+    return Explorer(scene.figure, controls, "Train the toy federation", idle=idle, scene=scene)
 
 
 @lru_cache(maxsize=64)
 def _minima_of(sharp_width: float):
-    """The flat and sharp minima of the training loss (1,500 descent steps: 95% of a redraw),
-    computed once per well width."""
+    """The flat and sharp minima of the training loss, computed once per well width."""
     from flnotes.toy.landscapes import flat_and_sharp, flat_and_sharp_minima
 
     return flat_and_sharp_minima(flat_and_sharp(sharp_width=sharp_width))
