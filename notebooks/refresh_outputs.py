@@ -1,13 +1,16 @@
-"""Refresh the outputs that nbval checks: run notebooks headless, keep only the checked cells'.
+"""Refresh a notebook's stored outputs: run it headless, keep what a reader should see.
 
     python notebooks/refresh_outputs.py notebooks/04_toy_race.ipynb notebooks/21_flatness.ipynb
 
-A committed notebook keeps outputs only for cells containing ``# NBVAL_CHECK_OUTPUT`` (what
-``make test`` compares after re-running it); every other cell is stored without outputs and
-execution count. After an intended change of results, this script re-runs each notebook given
-(working directory notebooks/, as under pytest), writes the new outputs of the checked cells
-into the notebook in place and strips the rest. Read the diff before committing: a changed
-number may need the notebook's prose changed too.
+The teaching notebooks (00-04 and 21, :data:`SHIPPED_WITH_FIGURES`) are stored with every
+output of a fresh run, figures included, so that a reader who opens one on GitHub or before
+running it sees the lecture whole (each stays around 1 MB: the figures are PNGs at 100 dpi).
+The other notebooks keep outputs only for cells containing ``# NBVAL_CHECK_OUTPUT``. Either
+way, ``make test`` re-runs every notebook and compares the checked cells' outputs with the
+stored ones (nbval), so a stored number that no longer matches a fresh run fails the suite.
+After an intended change of results, this script re-runs each notebook given (working
+directory notebooks/, as under pytest) and writes its outputs into the notebook in place.
+Read the diff before committing: a changed number may need the notebook's prose changed too.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from flnotes.repro.notebooks import quiet_kernel_manager
 
 MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
+# The notebooks a reader should see whole without running them (issue 14).
+SHIPPED_WITH_FIGURES = ("00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
+                        "03_mutation_regions", "04_toy_race", "21_flatness")
 
 
 def checked(cell) -> bool:
@@ -30,17 +36,23 @@ def checked(cell) -> bool:
 
 
 def refresh(path: Path, timeout: int = 1800) -> int:
-    """Re-run one notebook and store only its checked outputs; returns how many changed."""
+    """Re-run one notebook and store its outputs (all, or the checked cells' only); returns
+    how many checked cells' outputs changed."""
     stored = nbformat.read(path, as_version=4)
     executed = nbformat.read(path, as_version=4)
+    # No widget state in the file: the explorers' figures are plain image outputs already,
+    # and their controls need a kernel anyway.
     NotebookClient(executed, timeout=timeout, kernel_name="python3",
-                   kernel_manager_class=quiet_kernel_manager(),
+                   kernel_manager_class=quiet_kernel_manager(), store_widget_state=False,
+                   record_timing=False,
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    keep_all = path.stem in SHIPPED_WITH_FIGURES
     changed = 0
     for old, new in zip(stored.cells, executed.cells, strict=True):
         if old.cell_type != "code":
             continue
-        outputs, count = (new.outputs, new.execution_count) if checked(old) else ([], None)
+        keep = keep_all or checked(old)
+        outputs, count = (new.outputs, new.execution_count) if keep else ([], None)
         changed += checked(old) and old.outputs != outputs
         old.outputs, old.execution_count = outputs, count
     # nbformat's own layout plus the final newline the committed files have.

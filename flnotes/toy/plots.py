@@ -75,6 +75,38 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
     return ax
 
 
+def shared_colorbar(fig, axes, label: str = "loss", width: float = 0.95):
+    """One colour bar, in a slot ``width`` inches wide at the figure's right edge, for panels
+    whose landscapes share their levels (the same loss, or levels passed in common): colour
+    carries a value, so it gets a scale. Call it once the panels' margins are set."""
+    from matplotlib.contour import ContourSet
+    from matplotlib.ticker import MaxNLocator
+
+    mappable = next(c for c in axes[0].collections if isinstance(c, ContourSet) and c.filled)
+    inch = 1.0 / fig.get_figwidth()
+    right = 1.0 - width * inch
+    fig.subplots_adjust(right=min(fig.subplotpars.right, right))
+    pars = fig.subplotpars
+    height = 0.8 * (pars.top - pars.bottom)
+    cax = fig.add_axes((right + 0.12 * inch, pars.bottom + 0.1 * (pars.top - pars.bottom),
+                        0.12 * inch, height))
+    bar = fig.colorbar(mappable, cax=cax, label=label)
+    bar.ax.yaxis.set_major_locator(MaxNLocator(5))  # round ticks, not the 25 levels
+    return bar
+
+
+def common_levels(fns, xlim, ylim, num: int = 121, levels: int = 25):
+    """``levels`` contour levels spanning every one of ``fns`` on the frame, so that their
+    panels share one colour scale."""
+    import numpy as np
+
+    from flnotes.toy.landscapes import grid
+
+    values = [grid(fn, xlim, ylim, num)[2] for fn in fns]
+    return np.linspace(min(float(z.min()) for z in values),
+                       max(float(z.max()) for z in values), levels)
+
+
 def plot_landscape(fn, xlim=LIMITS[0], ylim=LIMITS[1], title: str | None = None, ax=None,
                    **kwargs) -> Figure:
     """A filled contour plot of a 2-D loss, with a colour bar."""
@@ -157,11 +189,14 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     from flnotes.toy.landscapes import grid
 
     shown = federation.clients[:max(max_clients, 1)]
-    fig, axes = plt.subplots(1, len(shown) + 2, figsize=(3.3 * (len(shown) + 2), 3.4))
+    fig, axes = plt.subplots(1, len(shown) + 2, figsize=(3.3 * (len(shown) + 2) + 0.95, 3.4))
+    # One colour scale for every client and the mean, so that a colour is the same loss
+    # in each panel.
+    levels = common_levels([*shown, federation.global_loss], xlim, ylim)
     for k, (ax, client) in enumerate(zip(axes, shown, strict=False)):
-        draw_landscape(ax, client, xlim, ylim)
+        draw_landscape(ax, client, xlim, ylim, levels=levels)
         ax.set_title(f"client {k}")
-    draw_landscape(axes[-2], federation.global_loss, xlim, ylim)
+    draw_landscape(axes[-2], federation.global_loss, xlim, ylim, levels=levels)
     mark_basins(axes[-2], federation)
     axes[-2].legend(fontsize=7, loc="lower right", facecolor="0.3", labelcolor="white",
                     framealpha=0.6)
@@ -182,6 +217,7 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     # Fixed margins, not tight_layout: laying out every tick label cost two thirds of a
     # slider's redraw (benchmarks/widget_latency.py).
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.91, wspace=0.3)
+    shared_colorbar(fig, axes[:-1], label="loss (clients and global)")
     return fig
 
 
@@ -256,7 +292,7 @@ class TrajectoryFigure:
 
     def __init__(self, fn, panels: int, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
                  clients: bool = True, legend: bool = True, pyplot: bool = True) -> None:
-        self.fig, axes = new_figure(1, panels, (4.2 * panels, 4.2), pyplot)
+        self.fig, axes = new_figure(1, panels, (4.2 * panels + 0.95, 4.2), pyplot)
         self.axes = list(axes[0])
         self.tracks = []
         for ax in self.axes:
@@ -277,6 +313,7 @@ class TrajectoryFigure:
                             ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
                             bbox_to_anchor=(0.5, 0.0))  # grey: the white flat-basin dashes show
             self.fig.subplots_adjust(bottom=0.24)
+        shared_colorbar(self.fig, self.axes, label="loss")
         self.moving = [a for track in self.tracks for a in track.artists]
         self.moving += [ax.title for ax in self.axes]
 
@@ -320,7 +357,7 @@ class MutantsFigure:
         cx, cy = float(center[0]), float(center[1])
         self.center = (cx, cy)
         xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
-        self.fig, axes = new_figure(1, panels, (3.6 * panels, 4.3), pyplot)
+        self.fig, axes = new_figure(1, panels, (3.6 * panels + 0.95, 4.3), pyplot)
         self.axes = list(axes[0])
         self.parts = []
         for ax in self.axes:
@@ -340,6 +377,7 @@ class MutantsFigure:
         # goes below the panels, where it covers no mutant.
         self.fig.subplots_adjust(left=0.1 / panels + 0.04, right=0.98, top=0.92, bottom=0.27,
                                  wspace=0.3)
+        shared_colorbar(self.fig, self.axes, label="global loss")
         self.moving = [a for part in self.parts
                        for a in (*part["regions"].values(), part["cloud"], part["mutants"],
                                  part["arrow"])]
@@ -431,10 +469,11 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
     """Where each method's final global models ended (one dot per seed), one panel per method.
 
     White: in the flat basin; red: not. Models beyond the frame are triangles on its edge.
+    A legend below the panels says so, and a colour bar gives the loss.
     """
     algorithms = sorted({r["algorithm"] for r in rows})
     n_rows = -(-len(algorithms) // columns)
-    fig, axes = plt.subplots(n_rows, columns, figsize=(3.2 * columns, 3.2 * n_rows),
+    fig, axes = plt.subplots(n_rows, columns, figsize=(3.2 * columns + 0.95, 3.2 * n_rows + 0.9),
                              squeeze=False)
     for ax in axes.flat[len(algorithms):]:
         ax.axis("off")
@@ -454,7 +493,23 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
         if off:
             title += f"\n{off} off the map (median |w| {distance:.1f})"
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
+    # What every mark means, once, below the panels.
+    from matplotlib.lines import Line2D
+
+    marks = [Line2D([], [], ls="", marker="o", ms=5, mfc=c, mec="k", mew=0.3, label=text)
+             for c, text in (("white", "final model in the flat basin"),
+                             ("red", "final model elsewhere"))]
+    marks.append(Line2D([], [], ls="", marker=(3, 0, 0), ms=7, mfc="0.5", mec="k", mew=0.5,
+                        label="beyond the map, pointing the way it went"))
+    first = axes.flat[0]
+    marks += [h for h, t in zip(*first.get_legend_handles_labels(), strict=True) if t]
+    # Fixed margins in inches: two-line titles above each panel, the legend below them.
+    w, h = fig.get_figwidth(), fig.get_figheight()
+    fig.subplots_adjust(left=0.55 / w, right=1 - 0.1 / w, top=1 - 0.5 / h, bottom=1.05 / h,
+                        wspace=0.3, hspace=0.45)
+    fig.legend(handles=marks, loc="lower center", ncol=3, fontsize=8, facecolor="0.75",
+               framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
+    shared_colorbar(fig, axes.flat[:len(algorithms)], label="global loss")
     return fig
 
 
