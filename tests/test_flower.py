@@ -7,9 +7,10 @@ same seed (so the same sampled clients, mutants and recombinations each round):
   this process (:class:`flnotes.flower.inprocess.InProcessGrid`: Flower's Message,
   RecordDict and ArrayRecord, one Context per node kept across rounds; no Ray, no
   transport), because Flower's simulation engine takes about 15 s to start on two cores;
-- FedMR once through Flower's simulation engine (``flwr.simulation.run_simulation``, the
-  ClientApps in Ray actors of other processes), the method whose clients each get a
-  different model.
+- FedAvg, FedMut and FedMR through Flower's simulation engine
+  (``flwr.simulation.run_simulation``, the ClientApps in Ray actors of other processes), as
+  the issue asks: FedMut's mutants and FedMR's recombined models are a different model per
+  client.
 """
 
 import subprocess
@@ -29,7 +30,6 @@ from flnotes.flower import (  # noqa: E402
     FlowerStrategy,
     client_app,
     config_from_run_config,
-    server_app,
 )
 from flnotes.flower.client import ClientView  # noqa: E402
 from flnotes.flower.inprocess import InProcessGrid, run_in_process, server_identity  # noqa: E402
@@ -104,19 +104,46 @@ def test_fmls_personal_model_stays_in_the_node_context():
     assert kept == sampled
 
 
-def test_flower_simulation_engine_gives_fedmrs_model():
-    """FedMR through flwr.simulation.run_simulation (Ray actors): the engine's model."""
+def test_flower_simulation_engine_gives_the_engines_fedavg_fedmut_and_fedmr():
+    """FedAvg, FedMut and FedMR through flwr.simulation.run_simulation (the ClientApps in
+    Ray actors of other processes): each gives the engine's model. The three runs share one
+    simulation, which takes about 15 s to start here: the ServerApp runs them one after
+    another, and each node's ClientApp hands a message to the method's own ClientApp, found
+    by the settings hash the message carries."""
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    config = small("fedmr")
-    expected = engine_state(config)
+    from flnotes.engine.sim import settings_hash
+
+    configs = [small(name) for name in ("fedavg", "fedmut", "fedmr")]
+    apps = {settings_hash(c.resolved()): client_app(c, dtype="float64") for c in configs}
+    node = ClientApp()
+
+    @node.query()
+    def query(message: Message, context: Context) -> Message:
+        return apps[message.content["config"]["settings-hash"]](message, context)
+
+    @node.train()
+    def train(message: Message, context: Context) -> Message:
+        return apps[message.content["config"]["settings-hash"]](message, context)
+
     got = {}
-    run_simulation(
-        server_app=server_app(config, dtype="float64", on_finish=lambda h: got.update(h=h)),
-        client_app=client_app(config, dtype="float64"), num_supernodes=config.num_clients,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0},
-                        "init_args": {"num_cpus": 1}})
-    assert largest_difference(got["h"].final_state, expected) <= TOLERANCE
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        for config in configs:
+            got[config.algorithm] = FlowerStrategy(config, dtype="float64").run(grid)
+
+    run_simulation(server_app=server, client_app=node, num_supernodes=6,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0},
+                                   "init_args": {"num_cpus": 1}})
+    assert list(got) == ["fedavg", "fedmut", "fedmr"]
+    for config in configs:
+        expected = engine_state(config)
+        assert largest_difference(got[config.algorithm].final_state, expected) <= TOLERANCE
 
 
 def test_a_node_built_from_other_settings_refuses():

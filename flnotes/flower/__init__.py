@@ -28,7 +28,7 @@ Where a method needs more than that:
   entries of ``penalty_anchor`` that are not the start state (``previous:<name>``) as a
   second ArrayRecord, ``anchor``. FedProx's anchor is the start state itself: nothing extra.
 - FML's personal model never leaves its client: it lives in the node's ``context.state``
-  (an ArrayRecord ``fml-personal``), which Flower keeps on the node for the whole run and
+  (an ArrayRecord ``fml-personal-<client>``), which Flower keeps on the node for the whole run and
   never sends. The engine keeps the same model in the server process's strategy, so both
   train the same personal model; its accuracy is measured on the client's held-out rows
   and returned as a number (``personal_accuracy``: the round's clients, sample-weighted).

@@ -253,7 +253,15 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
                     _write_json(Path(job[2]) / "cell.json", record)
                 return record
 
-            run_on_ray(run_cell, jobs, workers, address, on_record, failed_record)
+            def on_stop(job: tuple) -> None:
+                # A cancelled cell that had started says interrupted in its cell.json (one
+                # that finished meanwhile keeps its record); one still queued stays
+                # "not started", with no folder.
+                if (Path(job[2]) / "cell.json").exists():
+                    record = _finished_record(job, None)
+                    records[record["id"]] = record
+
+            run_on_ray(run_cell, jobs, workers, address, on_record, failed_record, on_stop)
         elif not (processes if processes is not None else workers > 1):
             for job in jobs:
                 record = run_cell(*job)
