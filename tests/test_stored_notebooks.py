@@ -1,0 +1,82 @@
+"""The teaching notebooks are stored as a reader should meet them: whole, figures included.
+
+A reader who opens 00-04 or 21 on GitHub, or in JupyterLab before running anything, must see
+the lecture with its pictures (issue 14). ``notebooks/refresh_outputs.py`` stores them so;
+these checks fail when a notebook is committed stripped, half run, with an error, or too big
+to open comfortably. That the stored numbers still match a fresh run is nbval's part: ``make
+test`` re-runs every notebook and compares the checked cells.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+MAX_BYTES = 1_200_000  # "around 1 MB or less"
+
+
+def _refresh_module():
+    spec = importlib.util.spec_from_file_location("refresh_outputs",
+                                                  NOTEBOOKS / "refresh_outputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SHIPPED = _refresh_module().SHIPPED_WITH_FIGURES
+
+
+def _draws(source: str) -> bool:
+    """Whether a cell's code draws a figure (a plot function, an explorer, plt)."""
+    return any(call in source for call in ("plots.plot_", "_explorer(", "plt.subplots",
+                                           "flat_plots.plot_", "shared_plots.plot_"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_teaching_notebook_is_stored_whole_with_its_figures(name):
+    path = NOTEBOOKS / f"{name}.ipynb"
+    assert path.stat().st_size <= MAX_BYTES, f"{name}: {path.stat().st_size} bytes"
+    notebook = json.loads(path.read_text())
+    assert "widgets" not in notebook["metadata"], f"{name}: widget state stored"
+    code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    # One fresh run, top to bottom: every code cell ran, in order.
+    assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1)), name
+    figures = 0
+    for index, cell in enumerate(code):
+        source = "".join(cell["source"])
+        outputs = cell.get("outputs", [])
+        assert not [o for o in outputs if o["output_type"] == "error"], f"{name} cell {index}"
+        pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
+        if _draws(source):
+            assert pngs, f"{name}: code cell {index} draws a figure but stores none"
+        for png in pngs:
+            from PIL import Image
+
+            with Image.open(io.BytesIO(base64.b64decode(png))) as image:
+                assert min(image.size) > 100, f"{name} cell {index}: {image.size}"
+        figures += len(pngs)
+    assert figures >= 2, f"{name}: {figures} figures stored"
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "21_flatness"])
+def test_every_explorer_stores_a_picture_and_says_how_to_revive_its_controls(name):
+    """Without a kernel the controls cannot draw: the explorer's cell keeps its figure, the
+    line saying to run the cell, and a text stand-in for the controls."""
+    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
+    explorers = [c for c in notebook["cells"]
+                 if c["cell_type"] == "code" and "_explorer(" in "".join(c["source"])]
+    assert explorers, f"{name} has no explorer"
+    for cell in explorers:
+        kinds = [next(iter(k for k in ("image/png", "text/html",
+                                       "application/vnd.jupyter.widget-view+json")
+                           if k in o.get("data", {})), None) for o in cell["outputs"]]
+        assert kinds == ["image/png", "text/html", "application/vnd.jupyter.widget-view+json"]
+        note, controls = cell["outputs"][1]["data"], cell["outputs"][2]["data"]
+        assert "run this cell" in "".join(note["text/html"])
+        assert "run this cell" in "".join(controls["text/plain"])
