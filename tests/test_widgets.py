@@ -199,9 +199,11 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
 
 @pytest.mark.parametrize("explorer, moves", [
     ("training_explorer", [{"rounds": 3}, {"algorithm": "fedqp"}, {"shift": 0.5},
-                           {"algorithm": "fedavg"}]),
+                           {"algorithm": "fedavg"}, {"shift": 1.0, "algorithm": "fedmr"}]),
     ("mutation_explorer", [{"qp_prob": 1.0}, {"layerwise": True}, {"alpha": 2.0},
                            {"kind": "sign"}]),
+    ("client_explorer", [{"shift": 0.5}, {"level": -0.9}, {"num_clients": 3},
+                         {"depth_spread": 0.4}, {"num_clients": 2}]),  # back to a kept one
 ])
 def test_a_kept_figure_redraws_what_a_fresh_figure_draws(explorer, moves):
     """A scene's redraw (background rendered once per landscape, moving artists drawn onto

@@ -42,15 +42,17 @@ def symlog_levels(z, num: int, linthresh: float):
 
 def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, levels: int = 25,
                    filled: bool = True, cmap: str = "viridis", colorbar: bool = False,
-                   label: str = "loss", log: bool = False, linthresh: float = 0.1):
+                   label: str = "loss", log: bool = False, linthresh: float = 0.1,
+                   values=None):
     """Contours of a loss ``fn`` (points (..., 2) -> values) on an existing axes.
 
     ``label`` names the colour bar (the function need not be a loss); ``log`` spaces the
-    colours on a symmetric-log scale, linear within +-``linthresh``.
+    colours on a symmetric-log scale, linear within +-``linthresh``. ``values``: the
+    (X, Y, Z) of :func:`flnotes.toy.landscapes.grid` on this frame, if already computed.
     """
     from flnotes.toy.landscapes import grid
 
-    gx, gy, z = grid(fn, xlim, ylim, num)
+    gx, gy, z = values if values is not None else grid(fn, xlim, ylim, num)
     norm = None
     if log:
         levels, norm = symlog_levels(z.numpy(), levels, linthresh)
@@ -75,34 +77,42 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
     return ax
 
 
-def shared_colorbar(fig, axes, label: str = "loss", width: float = 0.95):
-    """One colour bar, in a slot ``width`` inches wide at the figure's right edge, for panels
-    whose landscapes share their levels (the same loss, or levels passed in common): colour
-    carries a value, so it gets a scale. Call it once the panels' margins are set."""
-    from matplotlib.contour import ContourSet
-    from matplotlib.ticker import MaxNLocator
-
-    mappable = next(c for c in axes[0].collections if isinstance(c, ContourSet) and c.filled)
+def colorbar_slot(fig, width: float = 0.95):
+    """An axes for a colour bar in a slot ``width`` inches wide at the figure's right edge
+    (the panels' right margin moves in to make room). Call it once the margins are set."""
     inch = 1.0 / fig.get_figwidth()
     right = 1.0 - width * inch
     fig.subplots_adjust(right=min(fig.subplotpars.right, right))
     pars = fig.subplotpars
-    height = 0.8 * (pars.top - pars.bottom)
-    cax = fig.add_axes((right + 0.12 * inch, pars.bottom + 0.1 * (pars.top - pars.bottom),
-                        0.12 * inch, height))
-    bar = fig.colorbar(mappable, cax=cax, label=label)
-    bar.ax.yaxis.set_major_locator(MaxNLocator(5))  # round ticks, not the 25 levels
+    height = pars.top - pars.bottom
+    return fig.add_axes((right + 0.12 * inch, pars.bottom + 0.1 * height, 0.12 * inch,
+                         0.8 * height))
+
+
+def landscape_colorbar(mappable, cax, label: str = "loss"):
+    """The colour bar of a landscape's filled contours, with round ticks (not its levels)."""
+    from matplotlib.ticker import MaxNLocator
+
+    bar = cax.figure.colorbar(mappable, cax=cax, label=label)
+    bar.ax.yaxis.set_major_locator(MaxNLocator(5))
     return bar
 
 
-def common_levels(fns, xlim, ylim, num: int = 121, levels: int = 25):
-    """``levels`` contour levels spanning every one of ``fns`` on the frame, so that their
-    panels share one colour scale."""
+def shared_colorbar(fig, axes, label: str = "loss", width: float = 0.95):
+    """One colour bar, in a slot at the figure's right edge, for panels whose landscapes
+    share their levels (the same loss, or levels passed in common): colour carries a value,
+    so it gets a scale. Call it once the panels' margins are set."""
+    from matplotlib.contour import ContourSet
+
+    mappable = next(c for c in axes[0].collections if isinstance(c, ContourSet) and c.filled)
+    return landscape_colorbar(mappable, colorbar_slot(fig, width), label)
+
+
+def common_levels(values, levels: int = 25):
+    """``levels`` contour levels spanning every grid of ``values`` (Z arrays), so that
+    their panels share one colour scale."""
     import numpy as np
 
-    from flnotes.toy.landscapes import grid
-
-    values = [grid(fn, xlim, ylim, num)[2] for fn in fns]
     return np.linspace(min(float(z.min()) for z in values),
                        max(float(z.max()) for z in values), levels)
 
@@ -159,24 +169,99 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
     return fig
 
 
-def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> None:
+def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> list:
     """Outline the flat basin (white dashed disc) and the sharp basins (orange discs).
 
     These are the discs that decide "flat" and "sharp" in every run's metrics (a final model
     inside the white one counts as flat); the circles carry legend labels that say so.
+    Returns the patches added.
     """
     from matplotlib.patches import Circle
 
+    patches = []
     if flat:
         c = federation.flat_center.tolist()
-        ax.add_patch(Circle(c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2,
-                            label=f"flat basin (r = {federation.flat_radius:.2g})"))
+        patches.append(ax.add_patch(Circle(
+            c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2,
+            label=f"flat basin (r = {federation.flat_radius:.2g})")))
     if sharp:
         for k, c in enumerate(federation.sharp_centers.tolist()):
-            ax.add_patch(Circle(c, federation.sharp_radius, fill=False, ls="--",
-                                color="orange", lw=1.0,
-                                label=None if k else
-                                f"sharp basins (r = {federation.sharp_radius:.2g})"))
+            patches.append(ax.add_patch(Circle(
+                c, federation.sharp_radius, fill=False, ls="--", color="orange", lw=1.0,
+                label=None if k else f"sharp basins (r = {federation.sharp_radius:.2g})")))
+    return patches
+
+
+class ClientsFigure:
+    """FedMut Fig. 1: each client's landscape, their mean with its basins, and where the
+    clients' low-loss regions overlap. Built once for a number of clients (frames, ticks,
+    labels); :meth:`set` draws a federation's landscapes into it, replacing the last ones,
+    and ``moving`` lists what it drew (what an explorer redraws over the kept frames).
+    """
+
+    def __init__(self, clients: int, xlim=LIMITS[0], ylim=LIMITS[1],
+                 pyplot: bool = True) -> None:
+        self.clients, self.xlim, self.ylim = max(clients, 1), xlim, ylim
+        n = self.clients + 2
+        self.fig, axes = new_figure(1, n, (3.3 * n + 0.95, 3.4), pyplot)
+        self.axes = list(axes[0])
+        for k, ax in enumerate(self.axes):
+            ax.set_xlim(*xlim)
+            ax.set_ylim(*ylim)
+            ax.set_aspect("equal")
+            ax.set_xlabel("x")
+            ax.set_ylabel("y")
+            if k < self.clients:
+                ax.set_title(f"client {k}")
+        self.axes[-2].set_title("global = mean of clients")
+        # Fixed margins, not tight_layout: laying out every tick label cost two thirds of a
+        # slider's redraw (benchmarks/widget_latency.py).
+        self.fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.91, wspace=0.3)
+        self.cax = colorbar_slot(self.fig)
+        self.drawn: list = []  # what set() drew, removed by the next set()
+        self.moving: list = []
+
+    def set(self, federation, level: float = -0.5) -> Figure:
+        """Draw ``federation`` (its first clients, as many as the panels) and the overlap of
+        every client's region where its loss is below ``level``."""
+        from flnotes.toy.landscapes import grid
+
+        for artist in self.drawn:  # the last federation's
+            artist.remove()
+        self.cax.clear()
+        xlim, ylim = self.xlim, self.ylim
+        shown = federation.clients[:self.clients]
+        drawn = [*shown, federation.global_loss]
+        values = [grid(fn, xlim, ylim, 121) for fn in drawn]
+        # One colour scale for every client and the mean, so that a colour is the same loss
+        # in each panel.
+        levels = common_levels([z for _, _, z in values])
+        before = {ax: set(ax.get_children()) for ax in self.axes}
+        for ax, fn, grid_values in zip(self.axes, drawn, values, strict=False):
+            draw_landscape(ax, fn, xlim, ylim, levels=levels, values=grid_values)
+        glob = self.axes[-2]
+        mark_basins(glob, federation)
+        glob.legend(fontsize=7, loc="lower right", facecolor="0.3", labelcolor="white",
+                    framealpha=0.6)
+        colors = plt.get_cmap("tab10").colors
+        ax = self.axes[-1]
+        for k in range(federation.num_clients):
+            gx, gy, z = grid(lambda p, k=k: federation.client_losses(p)[..., k], xlim, ylim,
+                             121)
+            ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=[z.min().item() - 1, level],
+                        colors=[colors[k % 10]], alpha=0.35)
+            ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=[level],
+                       colors=[colors[k % 10]])
+            ax.plot([], [], color=colors[k % 10], lw=6, alpha=0.5, label=f"client {k}")
+        ax.set_title(f"overlap: loss < {level:.2f}")
+        ax.legend(fontsize=7, loc="upper right")
+        self.drawn = [a for ax in self.axes for a in ax.get_children() if a not in before[ax]]
+        # The frames go over the new contours, as in a full draw.
+        spines = [spine for ax in self.axes for spine in ax.spines.values()]
+        self.moving = [*self.drawn, *spines, self.axes[-1].title, self.cax]
+        landscape_colorbar(self.axes[0].collections[0], self.cax,
+                           label="loss (clients and global)")
+        return self.fig
 
 
 def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: float = -0.5,
@@ -186,39 +271,8 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     The last panel fills, per client, the region where its loss is below ``level``: the
     flat regions overlap, the sharp ones do not.
     """
-    from flnotes.toy.landscapes import grid
-
-    shown = federation.clients[:max(max_clients, 1)]
-    fig, axes = plt.subplots(1, len(shown) + 2, figsize=(3.3 * (len(shown) + 2) + 0.95, 3.4))
-    # One colour scale for every client and the mean, so that a colour is the same loss
-    # in each panel.
-    levels = common_levels([*shown, federation.global_loss], xlim, ylim)
-    for k, (ax, client) in enumerate(zip(axes, shown, strict=False)):
-        draw_landscape(ax, client, xlim, ylim, levels=levels)
-        ax.set_title(f"client {k}")
-    draw_landscape(axes[-2], federation.global_loss, xlim, ylim, levels=levels)
-    mark_basins(axes[-2], federation)
-    axes[-2].legend(fontsize=7, loc="lower right", facecolor="0.3", labelcolor="white",
-                    framealpha=0.6)
-    axes[-2].set_title("global = mean of clients")
-    colors = plt.get_cmap("tab10").colors
-    ax = axes[-1]
-    for k in range(federation.num_clients):
-        gx, gy, z = grid(lambda p, k=k: federation.client_losses(p)[..., k], xlim, ylim, 121)
-        ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=[z.min().item() - 1, level],
-                    colors=[colors[k % 10]], alpha=0.35)
-        ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=[level], colors=[colors[k % 10]])
-        ax.plot([], [], color=colors[k % 10], lw=6, alpha=0.5, label=f"client {k}")
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
-    ax.set_aspect("equal")
-    ax.set_title(f"overlap: loss < {level:.2f}")
-    ax.legend(fontsize=7, loc="upper right")
-    # Fixed margins, not tight_layout: laying out every tick label cost two thirds of a
-    # slider's redraw (benchmarks/widget_latency.py).
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.91, wspace=0.3)
-    shared_colorbar(fig, axes[:-1], label="loss (clients and global)")
-    return fig
+    shown = min(len(federation.clients), max(max_clients, 1))
+    return ClientsFigure(shown, xlim, ylim).set(federation, level)
 
 
 def new_figure(rows: int, columns: int, figsize, pyplot: bool = True):

@@ -137,14 +137,15 @@ class Scene:
     ``update`` changes) and moves its artists to new values (``update``). A redraw on the
     same key restores the figure's rendered background (every artist but the moving ones,
     rendered once per key) and draws only the moving artists onto it: the landscapes'
-    contours, ticks and labels are not drawn again. ``figure(**values)`` is the same
-    drawing as an ordinary, fully drawn pyplot figure.
+    contours, ticks and labels are not drawn again. The last few keys' figures are kept,
+    so moving back to a setting seen before (2 clients, 3, 2 again) builds nothing.
+    ``figure(**values)`` is the same drawing as an ordinary, fully drawn pyplot figure.
     """
 
+    KEPT = 4  # figures kept, one per key
+
     def __init__(self) -> None:
-        self._key = None
-        self._drawing = None
-        self._background = None
+        self._kept: dict = {}  # key -> (drawing, rendered background), oldest first
 
     def key(self, values: dict):  # pragma: no cover - every scene defines these three
         raise NotImplementedError
@@ -167,15 +168,20 @@ class Scene:
         from PIL import Image as PILImage
 
         key = self.key(values)
-        if self._drawing is None or key != self._key:
-            self._drawing = self.build(values, pyplot=False)
-            self.update(self._drawing, values)
-            self._key, self._background = key, self._render_background(self._drawing)
+        if key in self._kept:
+            drawing, background = self._kept.pop(key)
+            self.update(drawing, values)
         else:
-            self.update(self._drawing, values)
-        fig = self._drawing.fig
-        fig.canvas.restore_region(self._background)
-        for artist in self._drawing.moving:
+            drawing = self.build(values, pyplot=False)
+            self.update(drawing, values)
+            background = self._render_background(drawing)
+        self._kept[key] = drawing, background  # now the newest
+        while len(self._kept) > self.KEPT:
+            del self._kept[next(iter(self._kept))]
+        fig = drawing.fig
+        fig.canvas.restore_region(background)
+        # In the order a full draw paints them: by zorder, ties in their own order.
+        for artist in sorted(drawing.moving, key=lambda a: a.get_zorder()):
             if artist.get_visible():
                 fig.draw_artist(artist)
         buffer = io.BytesIO()
@@ -295,12 +301,28 @@ def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float 
                     scene=scene)
 
 
+class ClientsScene(Scene):
+    """FedMut Fig. 1 for the chosen clients: the frames are drawn once per number of
+    clients; a move redraws the landscapes, basins and overlap into them."""
+
+    def key(self, values: dict):
+        return int(values["num_clients"])
+
+    def build(self, values: dict, pyplot: bool):
+        return plots.ClientsFigure(int(values["num_clients"]), pyplot=pyplot)
+
+    def update(self, drawing, values: dict) -> None:
+        fed = make_federation("fedmut-fig1", num_clients=int(values["num_clients"]),
+                              shift=float(values["shift"]),
+                              depth_spread=float(values["depth_spread"]))
+        drawing.set(fed, level=float(values["level"]))
+
+
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
                  level: float = -0.5) -> Figure:
     """FedMut Fig. 1 for the chosen client shift: each client, the mean, their overlap."""
-    fed = make_federation("fedmut-fig1", num_clients=num_clients, shift=shift,
-                          depth_spread=depth_spread)
-    return plots.plot_client_landscapes(fed, level=level, max_clients=num_clients)
+    return ClientsScene().figure(shift=shift, depth_spread=depth_spread,
+                                 num_clients=num_clients, level=level)
 
 
 def client_explorer(**defaults) -> Explorer:
@@ -313,7 +335,8 @@ def client_explorer(**defaults) -> Explorer:
                                    continuous_update=False),
         "level": _slider(d["level"], -1.5, 0.0, 0.1, "overlap level"),
     }
-    return Explorer(draw_clients, controls, "Client landscapes and their overlap")
+    scene = ClientsScene()
+    return Explorer(scene.figure, controls, "Client landscapes and their overlap", scene=scene)
 
 
 class TrainingScene(Scene):
