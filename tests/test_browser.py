@@ -1,0 +1,489 @@
+"""The teaching notebooks in a real browser, as a student meets them (issue 14).
+
+JupyterLab is started on 127.0.0.1 with a copy of the notebooks; Chromium (Debian's, driven
+by Playwright's Python package) opens each teaching notebook, clears the stored outputs, runs
+all cells and checks that no cell failed and every widget rendered. Then it moves every
+control of every explorer: a slider one step by the arrow keys (as a keyboard user does; a
+mouse drag sends the same value changes), a dropdown to another option, a checkbox clicked.
+Each move must change the figure's image within a generous budget (the benchmark,
+``benchmarks/widget_latency.py``, holds the real target) without an error in the kernel, and
+a control that is disabled must say why beside it. A control disabled at first (alpha under
+FedAvg) is moved once a dropdown has enabled it.
+
+The module skips, with one line saying what is missing, where Chromium or Playwright is not
+installed; ``.ci/run`` installs Debian's ``chromium`` and sets ``FLNOTES_REQUIRE_BROWSER=1``,
+under which a missing browser fails instead. Run it alone with
+``OMP_NUM_THREADS=1 python -m pytest tests/test_browser.py -s`` (``-s`` prints the time of
+each notebook's Run All and its slowest redraw); on a failure a screenshot is saved next to
+the notebook copy, and its path printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+TEACHING = ["00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
+            "03_mutation_regions", "04_toy_race", "21_flatness"]
+RUN_ALL_TIMEOUT_S = 600  # generous: a busy 2-core machine
+REDRAW_BUDGET_S = {"04_toy_race": 30.0}  # per move; the benchmark holds the real target
+DEFAULT_REDRAW_BUDGET_S = 15.0
+NO_EXPLORER = {"21_flatness"}  # teaching notebooks without controls to move
+
+
+def _chromium() -> str | None:
+    for candidate in (os.environ.get("FLNOTES_CHROMIUM"), "chromium", "chromium-browser",
+                      "google-chrome"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+def _missing() -> str:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python package playwright is not installed (pip install playwright)"
+    if _chromium() is None:
+        return ("no Chromium found (apt-get install chromium, or set FLNOTES_CHROMIUM to "
+                "a Chromium binary)")
+    return ""
+
+
+if _missing():
+    if os.environ.get("FLNOTES_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"browser test required (FLNOTES_REQUIRE_BROWSER=1) but cannot run: "
+                    f"{_missing()}", pytrace=False)
+    pytest.skip(f"browser test of the teaching notebooks skipped: {_missing()}",
+                allow_module_level=True)
+
+from jupyter_client import BlockingKernelClient  # noqa: E402
+from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+TOKEN = "flnotes-browser-test"
+# No sandbox (CI runs as root), no GPU, and nothing that phones home: the network is closed.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-quic"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(base: str, path: str, method: str = "GET"):
+    request = urllib.request.Request(f"{base}{path}", method=method,
+                                     headers={"Authorization": f"token {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+@contextlib.contextmanager
+def lab_server(root: Path):
+    """A JupyterLab server serving ``root``; yields its base url."""
+    settings = root / ".settings"
+    # Every cell in the page (no virtual scrolling), no news pop-up over the figures.
+    for plugin, values in {
+        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
+                                                        "checkForUpdates": False},
+    }.items():
+        package, name = plugin.rsplit("/", 1)
+        folder = settings / package
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "JUPYTERLAB_SETTINGS_DIR": str(settings),
+           "JUPYTERLAB_WORKSPACES_DIR": str(root / ".workspaces"),
+           "JUPYTER_RUNTIME_DIR": str(root / ".runtime")}
+    with open(root / ".lab.log", "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+             "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={TOKEN}",
+             f"--ServerApp.root_dir={root}",
+             # nothing that reaches for the network: no extension index, no news feed
+             "--LabApp.extension_manager=readonly", "--LabApp.news_url=None"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    _api(base, "/api/status")
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        pytest.fail(f"JupyterLab did not start: see {root / '.lab.log'}")
+                    time.sleep(0.5)
+            yield base
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on a copy of the notebooks; yields (base url, its root folder)."""
+    root = tmp_path_factory.mktemp("lab")
+    for name in TEACHING:
+        shutil.copy(NOTEBOOKS / f"{name}.ipynb", root)
+    with lab_server(root) as base:
+        yield base, root
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+class KernelErrors:
+    """Errors the notebook's kernel publishes, read from its iopub channel.
+
+    A widget callback's traceback goes to no cell (JupyterLab shows it only in its log
+    console), so the test listens beside the browser to say *why* a control did not redraw.
+    """
+
+    ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self, base: str, root: Path, notebook: str) -> None:
+        deadline = time.monotonic() + 60
+        while not (sessions := [s for s in _api(base, "/api/sessions") or []
+                                if s["path"].endswith(notebook) and s.get("kernel")]):
+            assert time.monotonic() < deadline, f"no kernel was started for {notebook}"
+            time.sleep(0.5)
+        kernel = sessions[0]["kernel"]["id"]
+        connection = root / ".runtime" / f"kernel-{kernel}.json"
+        while not connection.exists():
+            assert time.monotonic() < deadline, f"no connection file {connection}"
+            time.sleep(0.2)
+        self.client = BlockingKernelClient(connection_file=str(connection))
+        self.client.load_connection_file()
+        self.client.start_channels(shell=False, iopub=True, stdin=False, hb=False,
+                                   control=False)
+
+    def drain(self) -> list[str]:
+        """The errors published since the last call, each as its last traceback lines."""
+        found = []
+        while True:
+            try:
+                msg = self.client.iopub_channel.get_msg(timeout=0.05)
+            except queue.Empty:
+                return found
+            if msg["msg_type"] == "error":
+                content = msg["content"]
+                trace = self.ANSI.sub("", "\n".join(content.get("traceback", [])[-3:]))
+                found.append(f"{content['ename']}: {content['evalue']}\n{trace}")
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+
+IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+
+
+def _menu(page, menu: str, command: str) -> None:
+    page.click(f"div.lm-MenuBar-itemLabel:text-is('{menu}')")
+    page.click(f"li.lm-Menu-item[data-command='{command}']")
+
+
+def _run_all(page) -> float:
+    """Clear the stored outputs, Run All, wait until it stops; return its seconds."""
+    _menu(page, "Edit", "editmenu:clear-all")  # the notebooks ship with their outputs
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+        ".every(p => !/\\d/.test(p.textContent))", timeout=30_000)
+    tic = time.monotonic()
+    _menu(page, "Run", "runmenu:run-all")
+    # Run All marks every code cell [*] at once; it has stopped (done, or at an error) when
+    # the kernel is idle, no cell waits and some cell has run.
+    page.wait_for_function(
+        """() => {
+            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+            return document.querySelector(IDLE)
+                && prompts.some(p => /\\[\\d+\\]/.test(p.textContent))
+                && !prompts.some(p => p.textContent.includes('*'));
+        }""".replace("IDLE", json.dumps(IDLE)),
+        timeout=RUN_ALL_TIMEOUT_S * 1000, polling=250)
+    return time.monotonic() - tic
+
+
+def _save_and_read(page, path: Path) -> dict:
+    before = path.stat().st_mtime_ns
+    _menu(page, "File", "docmanager:save")
+    deadline = time.monotonic() + 30
+    while path.stat().st_mtime_ns == before:
+        assert time.monotonic() < deadline, f"{path.name} was not saved within 30 s"
+        time.sleep(0.2)
+    time.sleep(0.5)  # let the write finish
+    return json.loads(path.read_text())
+
+
+def _cell_problems(notebook: dict) -> list[str]:
+    """Error outputs, and code cells Run All never reached."""
+    found = []
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                found.append(f"cell {index}: {output['ename']}: {output['evalue']}")
+        source = "".join(cell["source"]).strip()
+        if source and cell.get("execution_count") is None:
+            found.append(f"cell {index} did not run: {source.splitlines()[0][:60]!r}")
+    return found
+
+
+# Every image in the cell's output (the figure a redraw replaces, or an Image widget's).
+FIGURE = """cell => [...cell.querySelectorAll('.jp-OutputArea img')]
+    .map(img => img.getAttribute('src')).join('|')"""
+
+CONTROL_KINDS = {  # kind: the element inside a row that shows a control of that kind
+    "dropdown": "select",
+    "slider": ".noUi-handle",
+    "checkbox": "input[type=checkbox]",
+    "toggle": ".widget-toggle-buttons button",
+}
+# Anything else a student could press or type into in an explorer's row
+UNKNOWN_CONTROL = "button:not(.widget-toggle-button), textarea, input:not([type=checkbox])"
+
+
+def _controls(cell) -> list[tuple[str, str, object]]:
+    """(kind, label, row) of every control in an explorer cell, in page order."""
+    found = []
+    for row in cell.locator(".widget-hbox").all():
+        kind = next((k for k, sel in CONTROL_KINDS.items() if row.locator(sel).count()), None)
+        if kind is None:
+            assert not row.locator(UNKNOWN_CONTROL).count(), (
+                f"a control this test cannot move: {row.inner_text()[:60]!r} "
+                "(teach tests/test_browser.py's _controls and _move about it)")
+            continue
+        name = row.evaluate("""row => {
+            const label = [...row.querySelectorAll('.widget-label, .widget-label-basic')]
+                .map(l => l.textContent.trim()).find(t => t);
+            return label || '?';
+        }""")
+        found.append((kind, name, row))
+    return found
+
+
+def _disabled(kind: str, row) -> bool:
+    if kind == "slider":
+        return row.locator(".noUi-target[disabled]").count() > 0
+    return row.locator(CONTROL_KINDS[kind]).first.is_disabled()
+
+
+def _reason(row) -> str:
+    """The text beside a control (an HTML widget in the same row)."""
+    return " ".join(t.strip() for t in row.locator(".widget-html").all_inner_texts()).strip()
+
+
+def _state(kind: str, row) -> str:
+    """The control's value as the page shows it."""
+    if kind == "dropdown":
+        return row.locator("select").evaluate("s => s.options[s.selectedIndex].text")
+    if kind == "slider":
+        # aria-valuetext follows the handle; aria-valuenow keeps the first value
+        return row.locator(".noUi-handle").first.get_attribute("aria-valuetext")
+    if kind == "checkbox":
+        return str(row.locator("input[type=checkbox]").is_checked())
+    return row.locator(".widget-toggle-buttons button.mod-active").inner_text()
+
+
+def _move(kind: str, row, page, option: str | None = None) -> None:
+    """One step of the control: the next option (or ``option``), a click, an arrow key."""
+    if kind == "dropdown":
+        select = row.locator("select")
+        if option is None:
+            options = select.locator("option").all_inner_texts()
+            option = options[(options.index(_state(kind, row)) + 1) % len(options)]
+        select.select_option(label=option)
+    elif kind == "checkbox":
+        row.locator("input[type=checkbox]").click()
+    elif kind == "toggle":
+        row.locator(".widget-toggle-buttons button:not(.mod-active)").first.click()
+    else:
+        handle = row.locator(".noUi-handle").first
+        at_max = float(_state(kind, row)) >= float(handle.get_attribute("aria-valuemax")) - 1e-9
+        handle.focus()
+        page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+
+
+class Mover:
+    """Moves the controls of one notebook and checks that each move redraws the figure."""
+
+    def __init__(self, name: str, page, kernel: KernelErrors) -> None:
+        self.name, self.page, self.kernel = name, page, kernel
+        self.budget = REDRAW_BUDGET_S.get(name, DEFAULT_REDRAW_BUDGET_S)
+        self.times: list[tuple[str, float]] = []  # (control = new value, seconds)
+        self.disabled: dict[str, str] = {}
+
+    def move(self, cell, kind: str, label: str, row, option: str | None = None) -> None:
+        cell.scroll_into_view_if_needed()
+        before, value = cell.evaluate(FIGURE), _state(kind, row)
+        assert before, f"{self.name}: the explorer with {label!r} shows no figure image"
+        self.kernel.drain()
+        tic = time.monotonic()
+        _move(kind, row, self.page, option)
+        what = f"{self.name}: {kind} {label!r} from {value} to {_state(kind, row)}"
+        assert _state(kind, row) != value, f"{what}: the control did not move"
+        while True:  # until the figure changes, the kernel raises or the budget is spent
+            try:
+                self.page.wait_for_function(
+                    f"([cell, before]) => ({FIGURE})(cell) !== before",
+                    arg=[cell.element_handle(), before], timeout=500, polling=50)
+                break
+            except PlaywrightTimeout:
+                errors = self.kernel.drain()
+                if errors or time.monotonic() - tic > self.budget:
+                    pytest.fail(f"{what} did not change the figure"
+                                + (f"; the kernel raised:\n{errors[0]}" if errors else
+                                   f" within {self.budget:.0f} s (the kernel raised no error)"),
+                                pytrace=False)
+        took = time.monotonic() - tic
+        self._settle(cell)
+        errors = self.kernel.drain()
+        assert not errors, f"{what}: the kernel raised:\n{errors[0]}"
+        assert self.page.get_by_text("Error displaying widget").count() == 0, \
+            f"{what}: a widget failed to render"
+        self.times.append((f"{label} = {_state(kind, row)}", took))
+
+    def _settle(self, cell) -> None:
+        """Wait until the kernel is idle and the figure has not changed for half a second,
+        so that one move's redraw is never taken for the next one's."""
+        deadline = time.monotonic() + self.budget
+        last, since = cell.evaluate(FIGURE), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = cell.evaluate(FIGURE)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif (time.monotonic() - since > 0.5
+                  and self.page.locator(IDLE).count()):
+                return
+
+    def explore(self, cell) -> int:
+        """Move every control of an explorer cell at least once; return how many moved.
+
+        A pass moves every enabled control (a disabled one must give its reason beside it);
+        controls still disabled afterwards are enabled by stepping the dropdowns, first back
+        to their starting values, then on through their options.
+        """
+        controls = _controls(cell)
+        start = {label: _state(kind, row) for kind, label, row in controls}
+        moved: set[str] = set()
+        tried: dict[str, list[str]] = {}
+        for _ in range(64):
+            for kind, label, row in controls:
+                if label in moved:
+                    continue
+                if _disabled(kind, row):
+                    reason = _reason(row)
+                    assert reason, (f"{self.name}: {kind} {label!r} is disabled without a "
+                                    "reason beside it")
+                    self.disabled[label] = reason
+                    continue
+                self.move(cell, kind, label, row)
+                moved.add(label)
+            stuck = [(kind, label, row) for kind, label, row in controls if label not in moved]
+            if not stuck:
+                return len(controls)
+            if any(not _disabled(kind, row) for kind, _, row in stuck):
+                continue  # enabled by a move of this pass (beta once kind is sign)
+            step = self._next_dropdown_step(controls, start, tried)
+            if step is None:
+                break
+            kind, label, row, option = step
+            self.move(cell, kind, label, row, option)
+        pytest.fail(f"{self.name}: no dropdown setting enabled "
+                    + "; ".join(f"{label!r} ({self.disabled.get(label)})"
+                                for _, label, _ in stuck), pytrace=False)
+
+    @staticmethod
+    def _next_dropdown_step(controls, start, tried):
+        """A dropdown and an option not tried yet: its starting one first, then the rest."""
+        for kind, label, row in controls:
+            if kind != "dropdown" or _disabled(kind, row):
+                continue
+            options = row.locator("select option").all_inner_texts()
+            first = options.index(start[label])
+            order = options[first:] + options[:first]
+            done = tried.setdefault(label, [_state(kind, row)])
+            for option in order:
+                if option not in done:
+                    done.append(option)
+                    return kind, label, row, option
+        return None
+
+
+def _shot(page, root: Path, name: str, cell=None) -> None:
+    shot = root / f"{name}.failed.png"
+    with contextlib.suppress(Exception):
+        if cell is not None:
+            cell.scroll_into_view_if_needed(timeout=5_000)
+        page.screenshot(path=str(shot))
+        print(f"\nscreenshot of the failure: {shot}")
+
+
+@pytest.mark.parametrize("name", TEACHING)
+def test_notebook_runs_and_every_control_redraws(lab, browser, name):
+    base, root = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    kernel, cell = None, None
+    try:
+        # ?reset: a fresh workspace, so that the notebooks opened before stay closed
+        page.goto(f"{base}/lab/tree/{name}.ipynb?reset&token={TOKEN}", timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        assert page.locator(".jp-NotebookPanel").count() == 1
+        kernel = KernelErrors(base, root, f"{name}.ipynb")
+        run_all_s = _run_all(page)
+        notebook = _save_and_read(page, root / f"{name}.ipynb")
+        problems = _cell_problems(notebook) + kernel.drain()
+        assert not problems, f"{name}: Run All failed:\n" + "\n".join(problems)
+        assert page.get_by_text("Error displaying widget").count() == 0, \
+            f"{name}: a widget failed to render after Run All"
+
+        mover = Mover(name, page, kernel)
+        explorers = 0
+        for cell in page.locator(".jp-CodeCell").all():
+            if cell.locator(".widget-hbox").count() and _controls(cell):
+                explorers += 1
+                mover.explore(cell)
+        cell = None
+        if name not in NO_EXPLORER:
+            assert mover.times, f"{name}: no control was found to move"
+        slowest = max(mover.times, key=lambda kv: kv[1], default=("-", 0.0))
+        print(f"\n{name}: Run All {run_all_s:.1f} s; {explorers} explorer(s), "
+              f"{len(mover.times)} moves, slowest redraw {slowest[1]:.2f} s ({slowest[0]}); "
+              f"disabled on the way, with reasons: {sorted(mover.disabled) or 'none'}")
+    except BaseException:
+        _shot(page, root, name, cell)
+        raise
+    finally:
+        if kernel is not None:
+            kernel.close()
+        page.close()
+        for running in _api(base, "/api/kernels") or []:
+            _api(base, f"/api/kernels/{running['id']}", method="DELETE")
