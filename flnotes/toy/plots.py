@@ -595,7 +595,8 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
     sns.stripplot(data=frame, x="algorithm", y="sharpness", order=order, ax=axes[2], size=3,
                   alpha=0.6, jitter=0.25)
     axes[2].set_ylabel("top Hessian eigenvalue")
-    axes[2].set_title("sharpness at the final model (below 0: a saddle, not a minimum)",
+    axes[2].set_title("sharpness at the final model (below 0: the loss bends down every way "
+                      "there: a slope, not a minimum)",
                       fontsize=10)
     for ax in axes:
         ax.tick_params(axis="x", rotation=60)
