@@ -169,27 +169,24 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
     return fig
 
 
-def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> list:
+def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> None:
     """Outline the flat basin (white dashed disc) and the sharp basins (orange discs).
 
     These are the discs that decide "flat" and "sharp" in every run's metrics (a final model
     inside the white one counts as flat); the circles carry legend labels that say so.
-    Returns the patches added.
     """
     from matplotlib.patches import Circle
 
-    patches = []
     if flat:
         c = federation.flat_center.tolist()
-        patches.append(ax.add_patch(Circle(
-            c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2,
-            label=f"flat basin (r = {federation.flat_radius:.2g})")))
+        ax.add_patch(Circle(c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2,
+                            label=f"flat basin (r = {federation.flat_radius:.2g})"))
     if sharp:
         for k, c in enumerate(federation.sharp_centers.tolist()):
-            patches.append(ax.add_patch(Circle(
-                c, federation.sharp_radius, fill=False, ls="--", color="orange", lw=1.0,
-                label=None if k else f"sharp basins (r = {federation.sharp_radius:.2g})")))
-    return patches
+            ax.add_patch(Circle(c, federation.sharp_radius, fill=False, ls="--",
+                                color="orange", lw=1.0,
+                                label=None if k else
+                                f"sharp basins (r = {federation.sharp_radius:.2g})"))
 
 
 class ClientsFigure:
