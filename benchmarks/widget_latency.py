@@ -55,12 +55,15 @@ def settings(control: W.ValueWidget) -> list:
     return []
 
 
-def clear_caches() -> None:
-    """Forget every result the explorers keep (runs, minima, race rows)."""
+def clear_caches(explorer) -> None:
+    """Forget every result the explorers keep (runs, minima, race rows) and the explorer's
+    kept figures."""
     for name in dir(widgets):
         cached = getattr(widgets, name)
         if hasattr(cached, "cache_clear"):
             cached.cache_clear()
+    if explorer.scene is not None:
+        explorer.scene._kept.clear()
 
 
 def redraw_seconds(explorer, name: str, value) -> tuple[float, float]:
@@ -69,7 +72,7 @@ def redraw_seconds(explorer, name: str, value) -> tuple[float, float]:
     As a student meets it: the explorer has drawn its defaults (what the defaults computed is
     kept), and the new value has never been drawn before.
     """
-    clear_caches()
+    clear_caches(explorer)
     explorer.png()
     wall, cpu = time.perf_counter(), time.process_time()
     explorer.png(**{name: value})  # what a move computes: the draw and its one PNG rendering

@@ -162,3 +162,16 @@ def test_a_mistyped_landscape_option_names_the_accepted_ones():
         L.make_federation("fedmut-fig2", sharp_widht=0.2)
     assert "sharp_width" in L.landscape_options("fedmut-fig2")
     assert "num_clients" not in L.landscape_options("fedmut-fig1")
+
+
+def test_newton_refuses_a_point_that_is_not_a_minimum():
+    # Between the wells the loss bends down every way (notebook 01's dark patches), and on
+    # the ridge between them Newton's step heads for the saddle: neither is a minimum.
+    land = L.flat_and_sharp()
+    for start in ([0.55, 1.2], [0.3, 0.0]):
+        with pytest.raises(ValueError, match="did not settle on a minimum"):
+            L.newton_minima(land, torch.tensor([start], dtype=torch.float64))
+    # From inside a well it lands where gradient descent does.
+    minima = L.newton_minima(land, torch.tensor([[-1.2, 0.1]], dtype=torch.float64))
+    descended = L.descend(land, torch.tensor([[-1.2, 0.1]]), steps=3000, lr=0.05)
+    assert torch.allclose(minima, descended, atol=1e-6)

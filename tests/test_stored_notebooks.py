@@ -34,8 +34,7 @@ SHIPPED = _refresh_module().SHIPPED_WITH_FIGURES
 
 def _draws(source: str) -> bool:
     """Whether a cell's code draws a figure (a plot function, an explorer, plt)."""
-    return any(call in source for call in ("plots.plot_", "_explorer(", "plt.subplots",
-                                           "flat_plots.plot_", "shared_plots.plot_"))
+    return any(call in source for call in ("plots.plot_", "_explorer(", "plt.subplots"))
 
 
 @pytest.mark.parametrize("name", SHIPPED)

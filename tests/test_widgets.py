@@ -219,8 +219,9 @@ def test_a_kept_figure_redraws_what_a_fresh_figure_draws(explorer, moves):
         fresh = np.asarray(_image(widgets.figure_png(fig)).convert("RGB"), dtype=int)
         plt.close(fig)
         assert kept.shape == fresh.shape, move
-        # Antialiased edges where a moving artist meets a static one may differ a little.
-        assert (np.abs(kept - fresh).sum(-1) > 30).mean() < 0.002, move
+        # A few antialiased pixels where a moving artist meets a static one may differ; a
+        # missing or misordered artist differs in hundreds.
+        assert (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20, move
 
 
 def test_mutation_regions_are_the_disc_and_its_projection():

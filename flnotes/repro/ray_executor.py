@@ -92,18 +92,20 @@ def run_on_ray(run_cell: Callable[..., dict], jobs: list, workers: int, address:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
-                    job = pending.pop(ref)
+                    job = pending[ref]
                     try:
                         record = ray.get(ref)
                     except Exception as err:  # the task itself died (not a failed notebook)
                         record = failed_record(job, f"{type(err).__name__}: {err}")
                     on_record(record)
+                    del pending[ref]  # only once recorded: an interrupt before is a stop
         except KeyboardInterrupt:
             for ref in pending:
                 ray.cancel(ref, force=True)
             # Let the cancellations land, so no cell's kernel is still writing when the
             # sweep records it and exits (a cluster's workers outlive this driver).
-            ray.wait(list(pending), num_returns=len(pending), timeout=grace)
+            if pending:  # an interrupt after the last record leaves nothing to wait for
+                ray.wait(list(pending), num_returns=len(pending), timeout=grace)
             for job in pending.values():
                 on_stop(job)
             if stops:  # SIGTERM: go on up as what the process's own handler raised

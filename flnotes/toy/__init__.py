@@ -13,6 +13,7 @@ from flnotes.toy.experiments import (
     final_table,
     mutation_points,
     mutation_region,
+    mutation_regions,
     mutation_round,
     race,
     race_table,
@@ -24,5 +25,5 @@ from flnotes.toy.task import DEFAULT_START, ToyModel, ToyTask, build_task, point
 
 __all__ = ["DEFAULT_START", "FINAL_KEYS", "TEACHING", "ToyModel", "ToyTask", "build_task",
            "final_metrics", "final_table", "mutation_points", "mutation_region",
-           "mutation_round", "point_of",
+           "mutation_regions",           "mutation_round", "point_of",
            "race", "race_table", "run_toy", "state_of", "toy_config", "trajectory_points"]

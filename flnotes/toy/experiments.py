@@ -92,6 +92,21 @@ def mutation_region(center: Sequence[float], update: Sequence[float], alpha: flo
     return _convex_hull(torch.cat([image, torch.tensor([[cx, cy]], dtype=torch.float64)]))
 
 
+def mutation_regions(center: Sequence[float], update: Sequence[float], alpha: float,
+                     qp_prob: float, layerwise: bool) -> dict[str, torch.Tensor]:
+    """The shaded regions of a mutation picture: {"circle": disc} where mutants may stay
+    unprojected (p < 1) and {"fan": ...} where they may be projected (p > 0). A per-layer
+    mutation of the toy's one-number layers reaches points, not a region: none."""
+    if layerwise:
+        return {}
+    regions = {}
+    if qp_prob < 1:
+        regions["circle"] = mutation_region(center, update, alpha)
+    if qp_prob > 0:
+        regions["fan"] = mutation_region(center, update, alpha, projected=True)
+    return regions
+
+
 def _convex_hull(points: torch.Tensor) -> torch.Tensor:
     """The convex hull's vertices of points (N, 2), in order round it."""
     from scipy.spatial import ConvexHull

@@ -211,14 +211,20 @@ def newton_minima(fn: LossFn, points, steps: int = 50, tol: float = 1e-14) -> to
     # Reverse over reverse: torch.func.hessian's forward mode loads TorchScript decompositions
     # on first use (a second, and a deprecation warning in the notebook).
     hessians = torch.func.vmap(torch.func.jacrev(torch.func.jacrev(fn)))
+    converged = False
     for _ in range(steps):
         step = torch.linalg.solve(hessians(p), gradient(fn, p).unsqueeze(-1)).squeeze(-1)
         p = p - step
-        if step.abs().max() < tol:
+        if not torch.isfinite(p).all():
             break
-    if (torch.linalg.eigvalsh(hessians(p))[..., 0] <= 0).any():
-        raise ValueError("Newton's method ended on a point that is not a minimum: start it "
-                         "nearer one (inside the well)")
+        if step.abs().max() < tol:
+            converged = True
+            break
+    # Every check is written so that NaN fails it.
+    if not converged or not (torch.linalg.eigvalsh(hessians(p))[..., 0] > 0).all():
+        raise ValueError("Newton's method did not settle on a minimum (it diverged, or ended "
+                         "where the loss does not curve up every way): start it nearer one, "
+                         "inside the well")
     return p
 
 

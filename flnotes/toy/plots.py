@@ -226,6 +226,9 @@ class ClientsFigure:
         for artist in self.drawn:  # the last federation's
             artist.remove()
         self.cax.clear()
+        if federation.num_clients < self.clients:
+            raise ValueError(f"the figure has {self.clients} client panels; the federation "
+                             f"has {federation.num_clients} clients")
         xlim, ylim = self.xlim, self.ylim
         shown = federation.clients[:self.clients]
         drawn = [*shown, federation.global_loss]
@@ -234,7 +237,8 @@ class ClientsFigure:
         # in each panel.
         levels = common_levels([z for _, _, z in values])
         before = {ax: set(ax.get_children()) for ax in self.axes}
-        for ax, fn, grid_values in zip(self.axes, drawn, values, strict=False):
+        panels = [*self.axes[:self.clients], self.axes[-2]]
+        for ax, fn, grid_values in zip(panels, drawn, values, strict=True):
             draw_landscape(ax, fn, xlim, ylim, levels=levels, values=grid_values)
         glob = self.axes[-2]
         mark_basins(glob, federation)
@@ -272,14 +276,25 @@ def plot_client_landscapes(federation, xlim=LIMITS[0], ylim=LIMITS[1], level: fl
     return ClientsFigure(shown, xlim, ylim).set(federation, level)
 
 
-def new_figure(rows: int, columns: int, figsize, pyplot: bool = True):
+def legend_entries(axes, visible_only: bool = False) -> dict:
+    """{label: handle} of every labelled artist in ``axes``, each label once (first seen)."""
+    entries = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            if handle.get_visible() or not visible_only:
+                entries.setdefault(text, handle)
+    return entries
+
+
+def new_figure(rows: int, columns: int, figsize, pyplot: bool = True, dpi: float = 100):
     """(figure, axes array (rows, columns)): through pyplot, so that a notebook cell shows it,
-    or (``pyplot=False``) a figure pyplot never sees, for one an explorer keeps and redraws."""
+    or (``pyplot=False``) a figure pyplot never sees, for one an explorer keeps and redraws
+    (at ``dpi``, the resolution of the explorers' first picture, whatever rcParams say)."""
     if pyplot:
         return plt.subplots(rows, columns, figsize=figsize, squeeze=False)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = Figure(figsize=figsize)
+    fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     return fig, fig.subplots(rows, columns, squeeze=False)
 
@@ -356,10 +371,7 @@ class TrajectoryFigure:
         if legend:
             # One legend for all panels, below them: inside a panel it covered where runs
             # end. Each entry once.
-            entries = {}
-            for ax in self.axes:
-                for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
-                    entries.setdefault(text, handle)
+            entries = legend_entries(self.axes)
             self.fig.legend(entries.values(), entries.keys(), loc="lower center", fontsize=8,
                             ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
                             bbox_to_anchor=(0.5, 0.0))  # grey: the white flat-basin dashes show
@@ -421,17 +433,19 @@ class MutantsFigure:
             mutants = ax.scatter([], [], zorder=3, label="mutants", **DISPATCHED_STYLE)
             arrow = ax.annotate("", xy=(cx, cy), xytext=(cx, cy), zorder=3.5,
                                 arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.5})
-            ax.plot(cx, cy, "o", color="red", ms=8, mec="white", zorder=4, label="global model")
+            dot, = ax.plot(cx, cy, "o", color="red", ms=8, mec="white", zorder=4,
+                           label="global model")
             self.parts.append({"regions": regions, "cloud": cloud, "mutants": mutants,
-                               "arrow": arrow})
+                               "arrow": arrow, "dot": dot})
         # Fixed margins (tight_layout would lay the figure out twice per redraw); the legend
         # goes below the panels, where it covers no mutant.
         self.fig.subplots_adjust(left=0.1 / panels + 0.04, right=0.98, top=0.92, bottom=0.27,
                                  wspace=0.3)
         shared_colorbar(self.fig, self.axes, label="global loss")
+        # The dot does not move, but it is drawn over what does (zorder 4).
         self.moving = [a for part in self.parts
                        for a in (*part["regions"].values(), part["cloud"], part["mutants"],
-                                 part["arrow"])]
+                                 part["arrow"], part["dot"])]
         self.moving += [ax.title for ax in self.axes]
         self.legend = None
 
@@ -459,11 +473,7 @@ class MutantsFigure:
             ax.set_title(title, fontsize=10)
         # One legend, below the panels, of every mark shown in any panel (a region shaded
         # in one panel only is named once); rebuilt, as the shaded regions change.
-        entries = {}
-        for ax in self.axes:
-            for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
-                if handle.get_visible():
-                    entries.setdefault(text, handle)
+        entries = legend_entries(self.axes, visible_only=True)
         if self.legend is not None:
             self.legend.remove()
             self.moving.remove(self.legend)

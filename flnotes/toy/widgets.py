@@ -116,7 +116,7 @@ class Explorer:
         display(bundle, raw=True)
 
 
-PNG_DPI = 100  # the notebooks' inline figures' resolution
+PNG_DPI = 100  # the notebooks' inline figures' resolution (kept figures are drawn at it too)
 
 
 def figure_png(fig: Figure, compress: int = 1) -> bytes:
@@ -245,7 +245,7 @@ class MutationScene(Scene):
 def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp_prob: float,
                      kind: str, layerwise: bool, num_models: int, seed: int):
     """(panels, clouds, arrow scale, regions) of the mutation figure, kept per setting."""
-    from flnotes.toy import mutation_points, mutation_region
+    from flnotes.toy import mutation_points, mutation_regions
 
     common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
     panels, clouds, regions = {}, {}, {}
@@ -253,12 +253,8 @@ def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp
         panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
                                         **common)
         clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
-        if not layerwise:  # a whole-vector mutation reaches a region: shade it (FedQP Fig. 1)
-            regions[title] = {}
-            if p < 1:  # unprojected mutations reach the disc
-                regions[title]["circle"] = mutation_region(center, update, alpha)
-            if p > 0:  # projected ones the fan
-                regions[title]["fan"] = mutation_region(center, update, alpha, projected=True)
+        # A whole-vector mutation reaches a region: shade it (FedQP Fig. 1).
+        regions[title] = mutation_regions(center, update, alpha, p, layerwise)
     return panels, clouds, alpha, regions
 
 
