@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import ipywidgets as W  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -168,6 +169,12 @@ def test_controls_that_do_nothing_are_disabled_with_a_reason():
     mutations.set(kind="sign")
     assert not mutations.controls["beta"].disabled
 
+    clients = widgets.client_explorer()
+    assert not clients.controls["shift"].disabled
+    clients.set(num_clients=1)  # one client: the shift moves nothing (checked below)
+    assert clients.controls["shift"].disabled and "one client" in clients.reasons["shift"].value
+    assert _pixels(clients.png(shift=0.0)) == _pixels(clients.png(shift=2.0))
+
     race = widgets.race_explorer(algorithm="fedup", seeds=2, rounds=2)
     assert race.controls["alpha"].disabled and "penalty weight" in race.reasons["alpha"].value
     assert race.status.value == ""  # no busy note left behind after a redraw
@@ -243,3 +250,26 @@ def test_mutation_regions_are_the_disc_and_its_projection():
     area = 0.5 * abs(float((x * y.roll(-1) - x.roll(-1) * y).sum()))
     assert area == pytest.approx(math.pi * radius**2 / 2, rel=2e-3)
     assert toy.mutation_region(center, g, 0.0, projected=True).shape == (180, 2)  # a point
+
+
+@pytest.mark.parametrize("name, start", [(n, {}) for n in FAST] + [
+    ("mutation_explorer", {"kind": "sign"}),  # beta enabled
+    ("client_explorer", {"num_clients": 1}),  # shift disabled
+    ("training_explorer", {"algorithm": "fedavg"}),  # alpha, beta0 disabled
+])
+def test_every_enabled_control_changes_the_picture(name, start):
+    """A control either changes what the student sees or is disabled with its reason: moving
+    each enabled control away from its default must change the explorer's image."""
+    ex = getattr(widgets, name)(**{**FAST[name], **start})
+    default = _pixels(ex.png())
+    for control, widget in ex.controls.items():
+        if widget.disabled:
+            assert ex.reasons[control].value, f"{name}: {control} disabled without a reason"
+            continue
+        if isinstance(widget, W.Dropdown):
+            other = next(o for o in widget.options if o != widget.value)
+        elif isinstance(widget, W.Checkbox):
+            other = not widget.value
+        else:
+            other = widget.max if widget.value != widget.max else widget.min
+        assert _pixels(ex.png(**{control: other})) != default, f"{name}: {control}"

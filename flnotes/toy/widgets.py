@@ -331,8 +331,15 @@ def client_explorer(**defaults) -> Explorer:
                                    continuous_update=False),
         "level": _slider(d["level"], -1.5, 0.0, 0.1, "overlap level"),
     }
+    def idle(values: dict) -> dict[str, str]:
+        if values["num_clients"] == 1:
+            return {"shift": "moves the clients' wells apart: one client has no other to "
+                             "move away from"}
+        return {}
+
     scene = ClientsScene()
-    return Explorer(scene.figure, controls, "Client landscapes and their overlap", scene=scene)
+    return Explorer(scene.figure, controls, "Client landscapes and their overlap", idle=idle,
+                    scene=scene)
 
 
 class TrainingScene(Scene):
