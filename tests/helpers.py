@@ -76,3 +76,18 @@ def write_grid(tmp_path: Path, spec: dict, name: str = "grid.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def write_blocked_sweep(tmp_path: Path, body: str) -> tuple[Path, Path, Path]:
+    """(grid, block file, output folder) of a three-cell sweep (x = 1, 2, 3) whose notebook
+    ``body`` makes the cells x > 1 wait while the block file exists: the signal tests stop
+    a sweep while two cells run and one has finished."""
+    notebook = write_notebook(tmp_path, body)
+    block = tmp_path / "block"
+    block.write_text("")
+    grid = write_grid(tmp_path, {"notebook": notebook.name,
+                                 "fixed": {"extra": {"block": str(block)}},
+                                 "grid": {"x": [1, 2, 3]}, "seeds": [0]})
+    out = tmp_path / "out"
+    (out / "cells").mkdir(parents=True)
+    return grid, block, out

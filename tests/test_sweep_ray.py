@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import write_grid, write_notebook
+from helpers import write_blocked_sweep, write_grid, write_notebook
 from test_sweep import BODY
 from test_sweep_signals import BODY as BLOCKING_BODY
 from test_sweep_signals import _alive, _cells, _pids, _running_pids, _wait_for
@@ -105,14 +105,8 @@ def test_ctrl_c_stops_the_cells_keeps_what_finished_and_a_rerun_completes(tmp_pa
     what was kept, the finished cell is kept, the stopped ones say interrupted (in their
     cell.json too) and hold no result, no worker or kernel is left. SIGTERM on a joined
     cluster does the same (143). The same command again runs only the rest."""
-    notebook = write_notebook(tmp_path, BLOCKING_BODY)  # x = 1 ends at once, 2 and 3 wait
-    block = tmp_path / "block"
-    block.write_text("")
-    grid = write_grid(tmp_path, {"notebook": notebook.name, "fixed": {"extra": {"block":
-                                                                                 str(block)}},
-                                 "grid": {"x": [1, 2, 3]}, "seeds": [0]})
-    out = tmp_path / "out"
-    (out / "cells").mkdir(parents=True)
+    # x = 1 ends at once, 2 and 3 wait
+    grid, block, out = write_blocked_sweep(tmp_path, BLOCKING_BODY)
     procs = []
     try:
         sweep_ = _ray_sweep(grid, out)

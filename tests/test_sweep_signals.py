@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from helpers import write_grid, write_notebook
+from helpers import write_blocked_sweep, write_grid, write_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,14 +73,7 @@ def _sweep(grid: Path, out: Path) -> subprocess.Popen:
 
 
 def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
-    notebook = write_notebook(tmp_path, BODY)
-    block = tmp_path / "block"
-    block.write_text("")
-    grid = write_grid(tmp_path, {"notebook": notebook.name, "fixed": {"extra": {"block":
-                                                                                 str(block)}},
-                                 "grid": {"x": [1, 2, 3]}, "seeds": [0]})
-    out = tmp_path / "out"
-    (out / "cells").mkdir(parents=True)
+    grid, block, out = write_blocked_sweep(tmp_path, BODY)
     procs = []
     try:
         # 1. Ctrl-C while x=2 and x=3 run (x=1 done).

@@ -44,6 +44,7 @@ def test_explorer_callbacks_return_figures(name):
                            if hasattr(w, "max") and isinstance(w.value, float))
     drawn = []
     explorer.draw = lambda **values: drawn.append(values) or Figure()
+    explorer.scene = None  # redraw through the spy, not the explorer's kept figure
     new = (widget.value + widget.max) / 2
     explorer.set(**{control: new})
     assert explorer.values()[control] == pytest.approx(new, abs=widget.step)

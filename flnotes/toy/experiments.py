@@ -171,10 +171,11 @@ def final_table(histories: Mapping[str, object]) -> pd.DataFrame:
 FINAL_KEYS = ("accuracy", "sharp_basin", "loss", "sharpness", "worst_client_loss", "x", "y")
 
 
-def final_row(config, history) -> dict:
+def final_row(history) -> dict:
     """A toy run's final evaluation as one race row (algorithm, seed, status, FINAL_KEYS)."""
     last = history.rows[-1] if history.rows else {}
-    row = {"algorithm": config.algorithm, "seed": config.seed, "status": history.status}
+    row = {"algorithm": history.config["algorithm"], "seed": history.config["seed"],
+           "status": history.status}
     row.update({k: last.get(k, float("nan")) for k in FINAL_KEYS})
     if history.status == "diverged":  # no final evaluation: count the run as "elsewhere"
         row.update(accuracy=0.0, sharp_basin=0.0)
@@ -187,7 +188,7 @@ def final_metrics(config_values: dict) -> dict:
     from flnotes.engine.sim import run
 
     config = RunConfig(**config_values).replace(eval_every=config_values["rounds"])
-    return final_row(config, run(config, progress=False))
+    return final_row(run(config, progress=False))
 
 
 def stacks_seeds(algorithm: str) -> bool:
@@ -205,8 +206,8 @@ def _stack_trains(algorithm: str) -> bool:
     from flnotes.algorithms import algorithm_class
 
     cls = algorithm_class(algorithm)
-    return not (cls.custom_local_update or cls.has_local_gradient or cls.has_teacher
-                or cls.has_batch_loss)
+    return stacks_seeds(algorithm) and not (cls.has_local_gradient or cls.has_teacher
+                                            or cls.has_batch_loss)
 
 
 def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
@@ -224,8 +225,7 @@ def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
         # backend" is the expected path inside the stack, not news for a race.
         warnings.filterwarnings("ignore", message=".*has no batched training step")
         histories = run_seeds(config, list(seeds), progress=False)
-    return [final_row(c, h) for c, h in
-            zip([config.replace(seed=s) for s in seeds], histories, strict=True)]
+    return [final_row(history) for history in histories]
 
 
 def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 100,
