@@ -151,3 +151,27 @@ def test_a_diverged_folder_is_not_offered_more_rounds(tmp_path, capsys):
     main([*args[:6], "6", *args[7:]])  # more rounds: still diverged, not continued
     out = capsys.readouterr().out
     assert "(diverged" in out and "not continued" in out and "raise --rounds" not in out
+
+
+def test_a_preset_keeps_its_data_options_on_the_command_line():
+    """Issue 29's FedMut 'divergence at momentum 0.9': `--preset fedmut-official` ran on the
+    default per-channel standardisation, because the unset --data-option flag replaced the
+    preset's normalize="fedmut-code" with {}. With the seed code's inputs restored, FedMut at
+    momentum 0.9 stays finite as the seed code does (fedmut-official's docstring)."""
+    from flnotes.cli.main import config_from_args
+
+    parser = build_parser()
+    preset = RunConfig.from_preset("fedmut-official")
+    assert preset.data_options == {"normalize": "fedmut-code"}
+    plain = config_from_args(parser.parse_args(["run", "--preset", "fedmut-official",
+                                                "--momentum", "0.9"]))
+    assert plain.data_options == preset.data_options and plain.momentum == 0.9
+    # A given option adds to the preset's options; a given key replaces the preset's value.
+    more = config_from_args(parser.parse_args(["run", "--preset", "fedmut-official",
+                                               "--data-option", "coarse=false"]))
+    assert more.data_options == {"normalize": "fedmut-code", "coarse": False}
+    other = config_from_args(parser.parse_args(["run", "--preset", "fedmut-official",
+                                                "--data-option", "normalize=dataset"]))
+    assert other.data_options == {"normalize": "dataset"}
+    # Without a preset an unset flag still means no options.
+    assert config_from_args(parser.parse_args(["run"])).data_options == {}

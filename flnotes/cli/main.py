@@ -101,8 +101,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         text = field_help(f.name, default, choices.get(f.name))
         if f.name == "data_options":
+            # Not given: absent, so a preset's data options stand (an empty dict here
+            # silently replaced them, e.g. fedmut-official's normalize="fedmut-code").
             group.add_argument("--data-option", dest="data_options", action="append",
-                               type=_parse_option, metavar="KEY=VALUE", help=text)
+                               type=_parse_option, metavar="KEY=VALUE", help=text,
+                               default=argparse.SUPPRESS)
             continue
         kind = {bool: _parse_bool, int: int, float: float}.get(base, str)
         metavar = "{true,false}" if base is bool else None
@@ -117,6 +120,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if "data_options" in values:
         values["data_options"] = dict(values["data_options"] or [])
     if getattr(args, "preset", None):
+        if "data_options" in values:  # KEY=VALUE adds to (or changes) the preset's options
+            preset_options = RunConfig.from_preset(args.preset).data_options
+            values["data_options"] = {**preset_options, **values["data_options"]}
         return RunConfig.from_preset(args.preset, **values)
     return RunConfig.from_dict(values)
 
