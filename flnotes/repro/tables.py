@@ -16,6 +16,20 @@ and the labels of the cell. Labels not given there are derived from the run's co
 A cell whose runs differ from the paper's setting is marked: the setting of each table cell is
 the paper-scale expansion of the table's grid in sweeps/ (its preset, then the cell's values),
 and a run's config is checked against it (:mod:`flnotes.repro.paper_setting`).
+
+What is left out, always with a one-line warning or note (never a traceback, never a NaN
+averaged in):
+
+- a metrics row that cannot be read (not JSON, not a round's row, an accuracy that is null,
+  a string or not finite): one warning per file naming it and the line numbers; the rest of
+  the run counts. A half-written last line of a ``running`` run is skipped quietly;
+- the same run twice: two folders with the same settings hash (run.json ``settings_hash``,
+  or, where none is stored, the same config but for ``run_dir``), seed included, are one run;
+  the newer folder (latest write of run.json or metrics.jsonl) is kept, and a warning names
+  both (:func:`one_per_run`);
+- failed runs (run.json ``"status": "failed"``): never averaged in; ``tables`` lists them
+  apart and says how many were left out. A ``running`` run counts as not completed (the
+  cell is marked partial), as an interrupted or diverged one does.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flnotes.engine.history import read_metrics, read_run_json
+from flnotes.engine.history import read_run_json
 from flnotes.repro.paper_tables import (
     KEY,
     load_paper_table,
@@ -38,6 +52,8 @@ from flnotes.repro.paper_tables import (
 )
 
 LAST_EVALUATIONS = 10
+FAILED = "failed"  # run.json status of a run that raised (left out of every table)
+METRIC_KEYS = ("accuracy", "personal_accuracy")  # per-row values that must be finite numbers
 
 
 def sample_std(values: Sequence[float]) -> float:
@@ -75,6 +91,87 @@ def _cell_info(run_dir: Path, root: Path) -> dict:
     return {}
 
 
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and bool(np.isfinite(value))
+
+
+def read_metric_rows(path: Path, running: bool = False) -> list[dict]:
+    """metrics.jsonl's readable rows; one warning naming the file and the line numbers of the
+    rows left out (not JSON, not a round's row, an accuracy that is null, text or not finite).
+
+    With ``running``, a half-written last line (a run writing it now) is left out quietly.
+    ValueError only when the file itself cannot be read.
+    """
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}"
+                         ) from None
+    rows, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if not (running and number == len(lines)):
+                bad.append(f"line {number} (not JSON)")
+            continue
+        if not isinstance(row, dict) or "round" not in row:
+            bad.append(f"line {number} (not a round's metrics)")
+            continue
+        wrong = [key for key in METRIC_KEYS if key in row and not _is_finite_number(row[key])]
+        if wrong:
+            bad.append(f"line {number} (" + ", ".join(
+                f"{key} {json.dumps(row[key], default=str)}" for key in wrong) + ")")
+            continue
+        rows.append(row)
+    if bad:
+        print(f"warning: {path}: skipped {len(bad)} unreadable metrics "
+              f"row{'s' if len(bad) != 1 else ''}: {', '.join(bad)}", file=sys.stderr)
+    return rows
+
+
+def _settings_key(meta: dict, config: dict) -> str:
+    """What makes two folders one run: the stored settings hash, or else the config (seed
+    included) without its run_dir."""
+    stored = meta.get("settings_hash")
+    if isinstance(stored, str) and stored:
+        return "hash:" + stored
+    return "config:" + json.dumps({k: v for k, v in config.items() if k != "run_dir"},
+                                  sort_keys=True, default=str)
+
+
+def _written(*files: Path) -> float:
+    """When the folder was last written: the latest mtime of its files (0 if unknown)."""
+    times = []
+    for file in files:
+        try:
+            times.append(file.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times, default=0.0)
+
+
+def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs without repeats: folders with the same settings and seed are one run, not two
+    seeds; the newest folder is kept and a warning names every folder of the run."""
+    if not len(runs) or "settings_key" not in runs:
+        return runs
+    keep = []
+    for _, group in runs.groupby("settings_key", sort=False):
+        group = group.sort_values(["written", "run_dir"], kind="stable")
+        newest = group.iloc[-1]
+        keep.append(newest.name)
+        if len(group) > 1:
+            older = list(group["run_dir"].iloc[:-1])
+            print(f"warning: run folders {', '.join(older)} and {newest['run_dir']} hold the "
+                  f"same run (same settings, seed {newest['seed']}): counted once, keeping "
+                  f"the newer {newest['run_dir']}", file=sys.stderr)
+    return runs.loc[sorted(keep)]
+
+
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per run folder under root: table key, seed, status, run metrics and config."""
     root = Path(root)
@@ -90,7 +187,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
         try:
             meta = read_run_json(meta_file)
             config = meta["config"]
-            records = read_metrics(metrics_file)
+            records = read_metric_rows(metrics_file, running=meta["status"] == "running")
             cell = _cell_info(run_dir, root)
             labels = run_labels(config, cell.get("labels", {}),
                                 cell.get("parameters", {}).get("algorithms"))
@@ -102,7 +199,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
         acc = run_metrics([100 * r["accuracy"] for r in records if "accuracy" in r])
         personal = run_metrics([100 * r["personal_accuracy"] for r in records
                                 if "personal_accuracy" in r])
-        seconds = [r["seconds"] for r in records if "seconds" in r]
+        seconds = [r["seconds"] for r in records if _is_finite_number(r.get("seconds"))]
         rows.append({"paper_table": cell.get("paper_table"), **labels,
                      "algorithm": config.get("algorithm"), "seed": config.get("seed"),
                      "status": meta.get("status"), "rounds": len(records),
@@ -111,19 +208,28 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                      "personal_last_mean": personal["last_mean"],
                      "seconds_per_round": float(np.mean(seconds)) if seconds else float("nan"),
                      "run_dir": str(run_dir),
+                     "settings_key": _settings_key(meta, config),
+                     "written": _written(meta_file, metrics_file),
+                     "error": " ".join(str(meta.get("error") or "").split()),
                      # (where the data came from: a lossy copy is marked, paper_setting)
                      "config": {**config, "data_source":
                                 meta.get("environment", {}).get("data_source", "")}})
     columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
                "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
-               "personal_last_mean", "seconds_per_round", "run_dir", "config"]
+               "personal_last_mean", "seconds_per_round", "run_dir", "settings_key",
+               "written", "error", "config"]
     return pd.DataFrame(rows, columns=columns)
 
 
 def aggregate(runs: pd.DataFrame, by: Sequence[str] = ("paper_table", *KEY)) -> pd.DataFrame:
-    """Per table cell: means over seeds of each run's last-10 mean and std, final and best."""
+    """Per table cell: means over seeds of each run's last-10 mean and std, final and best.
+
+    Failed runs are left out, and a run found in several folders counts once
+    (:func:`one_per_run`).
+    """
     by = list(by)
-    runs = runs.copy()
+    runs = one_per_run(runs)
+    runs = runs[runs["status"] != FAILED].copy()
     runs["paper_table"] = runs["paper_table"].fillna("")
     runs["completed"] = runs["status"] == "completed"
     grouped = runs.groupby(by, sort=False, dropna=False)
@@ -247,6 +353,8 @@ def cmd_tables(args: argparse.Namespace) -> int:
         if not len(runs):
             print(f"warning: no run folders (run.json + metrics.jsonl) under {args.results}: "
                   "every cell is 'not run'", file=sys.stderr)
+        runs = one_per_run(runs)
+        failed = runs[runs["status"] == FAILED]
         ours = aggregate(runs)
     names = args.table or paper_table_names()
     papers = {name: load_paper_table(name) for name in names}  # a wrong name fails first
@@ -258,7 +366,19 @@ def cmd_tables(args: argparse.Namespace) -> int:
             print(f"== {name}: {done} of {len(result)} cells run")
             print(side_by_side(result).to_string())
             print("\n".join(legend(result)))
+    if args.results and len(failed):
+        print(_failed_note(failed))
     return 0
+
+
+def _failed_note(failed: pd.DataFrame) -> str:
+    """Failed runs, apart: how many were left out of the tables, and which."""
+    count = len(failed)
+    lines = [f"== failed: {count} run{'s' if count != 1 else ''} left out of every table"]
+    for _, run in failed.iterrows():
+        error = f": {run['error'][:160]}" if run.get("error") else ""
+        lines.append(f"  {run['run_dir']} ({run['method']}, seed {run['seed']}){error}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
