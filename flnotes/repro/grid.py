@@ -24,11 +24,16 @@ An axis's label is the cell's label for the axis name; the labels named dataset,
 heterogeneity and method key the cell into the paper table (see flnotes.tables).
 
 Every parameter is checked against the notebook's parameters cell before anything runs
-(:func:`load_grid`); flnotes.repro.sweep runs the cells.
+(:func:`load_grid`), and so is every cell's run: a key given twice in one mapping (YAML
+itself would keep the last), a value or a seed listed twice, and a cell whose values
+(``--set`` applied) RunConfig refuses, e.g. ``rounds: -3`` or ``--set lr=abc``, are each a
+one-line GridError naming the key, the axis or the cell; ``sweep GRID --dry-run`` finds them
+all before any kernel starts. flnotes.repro.sweep runs the cells.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import itertools
 import json
@@ -75,6 +80,44 @@ class Grid:
     paper_table: str | None = None
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A key given twice in one YAML mapping (PyYAML's safe_load keeps the last silently)."""
+
+    def __init__(self, key, first: int, again: int) -> None:
+        super().__init__(f"key {key!r} given twice in one mapping (lines {first} and {again}); "
+                         "YAML would keep only the last: remove one")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with a key given twice."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" may be overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: construct_mapping says so
+            continue
+        line = key_node.start_mark.line + 1
+        if first is not None:
+            raise _DuplicateKey(key, first, line)
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                 _unique_mapping)
+
+
+def read_yaml(text: str) -> Any:
+    """yaml.safe_load, but a key given twice in one mapping is an error (_DuplicateKey)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
 def find_notebook(name: str, grid_path: Path) -> Path | None:
     """The notebook path: as given, or relative to the grid file, the cwd or the repo root."""
     candidates = [Path(name)] if Path(name).is_absolute() else [
@@ -100,7 +143,9 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     if not path.is_file():
         raise GridError(f"grid file {path} not found")
     try:
-        spec = yaml.safe_load(path.read_text()) or {}
+        spec = read_yaml(path.read_text()) or {}
+    except _DuplicateKey as err:
+        raise GridError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -145,6 +190,9 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     if not isinstance(seeds, list) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         problems.append(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    else:
+        problems += [f"'seeds' lists {s} {n} times (each seed runs once)"
+                     for s, n in _repeats(seeds).items()]
     if not isinstance(stack, bool):
         problems.append(f"'stack_seeds' must be true or false, got {stack!r}")
     elif stack and notebook is not None and _seed_parameter(notebook) != "seeds":
@@ -168,7 +216,180 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     problems = [p for cell in grid.cells for p in _name_problems(cell)]
     if problems:
         raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
+    problems = _same_cells(grid.cells) or _config_problems(grid.cells, notebook, fixed, axes,
+                                                           overrides)
+    if problems:
+        raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
     return grid
+
+
+def _repeats(values: list) -> dict[str, int]:
+    """Values listed more than once (as written, e.g. 0 or [1, 2]) -> how many times."""
+    counts: dict[str, int] = {}
+    for value in values:
+        key = json.dumps(value, sort_keys=True, default=str)
+        counts[key] = counts.get(key, 0) + 1
+    return {key: n for key, n in counts.items() if n > 1}
+
+
+def _same_cells(cells: list[Cell]) -> list[str]:
+    """Cells that would run the very same parameters (e.g. --set fixing a grid axis)."""
+    first: dict[str, str] = {}
+    problems = []
+    for cell in cells:
+        key = json.dumps(cell.parameters, sort_keys=True, default=str)
+        if key in first:
+            problems.append(f"cells {first[key]} and {cell.id} run the same parameters; "
+                            "two folders of one run would count as two")
+        else:
+            first[key] = cell.id
+    return problems
+
+
+# ---------------------------------------------------------------- each cell's RunConfig
+
+def _notebook_defaults(notebook: Path) -> dict[str, Any]:
+    """The parameters cell's values that are Python literals (name -> value)."""
+    import papermill as pm
+
+    defaults = {}
+    for name, info in pm.inspect_notebook(str(notebook)).items():
+        try:
+            defaults[name] = ast.literal_eval(str(info.get("default")))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return defaults
+
+
+def _runconfig_keywords(notebook: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """How the notebook builds its RunConfig: field -> the parameter it passes (``lr=lr``)
+    and field -> a constant (``partition="natural"``); None if it calls no RunConfig(...)."""
+    import nbformat
+
+    book = nbformat.read(str(notebook), as_version=4)
+    names: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    found = False
+    for code in book.cells:
+        if code.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(code.source)
+        except SyntaxError:  # a cell with IPython magics
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called != "RunConfig":
+                continue
+            found = True
+            for keyword in node.keywords:
+                if keyword.arg is None:  # **extra
+                    continue
+                if isinstance(keyword.value, ast.Name):
+                    names[keyword.arg] = keyword.value.id
+                elif isinstance(keyword.value, ast.Constant):
+                    constants[keyword.arg] = keyword.value.value
+    return (names, constants) if found else None
+
+
+def _cell_configs(parameters: dict, defaults: dict, keywords, fields: set[str]
+                  ) -> tuple[list[dict], set[str]]:
+    """The RunConfig values each run of a cell would get (one per algorithm), and the fields
+    the notebook computes itself (None by default there, e.g. num_clients from the data)."""
+    params = {**defaults, **parameters}
+    if keywords is None:  # no RunConfig call to read: the parameters named like fields
+        values = {k: v for k, v in params.items() if k in fields}
+        extra = params.get("extra")
+        values.update({k: v for k, v in (extra if isinstance(extra, dict) else {}).items()
+                       if k in fields})
+    else:
+        names, constants = keywords
+        values = {field: params[name] for field, name in names.items() if name in params}
+        values.update(constants)
+        extra = params.get("extra")
+        values.update(extra if isinstance(extra, dict) else {})
+    # None that is the notebook's own default: the notebook fills it in (num_clients = every
+    # role of the data) or means "the method's default"; RunConfig's default stands for it
+    computed = {k for k, v in values.items() if v is None and k in defaults
+                and defaults[k] is None}
+    for key in computed | {"seed", "seeds", "run_dir"}:
+        values.pop(key, None)
+    seeds = params.get("seeds")
+    seed = seeds[0] if isinstance(seeds, list) and seeds else params.get("seed")
+    if seed is not None:
+        values["seed"] = seed
+    algorithms = params.get("algorithms", params.get("algorithm"))
+    if algorithms is None:
+        return [values], computed
+    algorithms = [algorithms] if isinstance(algorithms, str) else list(algorithms)
+    return [{**values, "algorithm": a} for a in algorithms], computed
+
+
+def _config_problems(cells: list[Cell], notebook: Path, fixed: dict, axes: dict,
+                     overrides: dict) -> list[str]:
+    """Each cell's runs through RunConfig (what the notebook would build), before anything
+    runs: one line per problem, naming the first cell, where the value came from and
+    RunConfig's message."""
+    from flnotes.config import RunConfig
+
+    fields = set(RunConfig.from_dict({}).to_dict())
+    defaults = _notebook_defaults(notebook)
+    keywords = _runconfig_keywords(notebook)
+    checked: dict[str, str | None] = {}
+    found: dict[tuple[str, str], list[str]] = {}
+    for cell in cells:
+        configs, computed = _cell_configs(cell.parameters, defaults, keywords, fields)
+        for values in configs:
+            key = json.dumps(values, sort_keys=True, default=str)
+            if key not in checked:
+                try:
+                    RunConfig.from_dict(values)
+                    checked[key] = None
+                except (ValueError, TypeError) as err:
+                    message = " ".join(str(err).split())
+                    # a check against a value the notebook computes (num_clients of the
+                    # data): not known here
+                    unknown = any(f"{name}=" in message for name in computed)
+                    checked[key] = None if unknown else message
+            if checked[key] is not None:
+                origin = _origin(checked[key], cell, fixed, axes, overrides)
+                found.setdefault((origin, checked[key]), []).append(cell.id)
+    problems = []
+    for (origin, message), ids in found.items():
+        ids = list(dict.fromkeys(ids))
+        more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+        problems.append(f"cell {ids[0]}{more}: {origin}{message}")
+    return problems
+
+
+def _origin(message: str, cell: Cell, fixed: dict, axes: dict, overrides: dict) -> str:
+    """'rounds=-3 (in fixed): ' etc.: where the field RunConfig refuses was set."""
+    match = re.match(r"RunConfig\.(\w+)=", message)
+    if not match:
+        return ""
+    name = match.group(1)
+    wanted = {name, "algorithms"} if name == "algorithm" else {name}
+
+    def sets(layer) -> bool:
+        extra = layer.get("extra") if isinstance(layer, dict) else None
+        return isinstance(layer, dict) and bool(
+            wanted & (set(layer) | set(extra if isinstance(extra, dict) else {})))
+
+    if sets(overrides):
+        return "set by --set: "
+    for axis in reversed(list(axes)):
+        values, label = axes[axis], cell.labels.get(axis)
+        if isinstance(values, dict):
+            if sets(values.get(label)):
+                return f"set by grid axis {axis!r}, label {label!r}: "
+        elif axis in wanted:
+            return f"set by grid axis {axis!r}: "
+    if sets(fixed):
+        return "set in fixed: "
+    return ""  # a preset's value or the notebook's default
 
 
 def _mapping(spec: dict, key: str, problems: list[str], prefix: str = "") -> dict:
@@ -218,9 +439,19 @@ def _axis_problems(axes: dict) -> list[str]:
                 if not isinstance(bundle, dict) or not bundle:
                     problems.append(f"grid axis {name!r}, label {label!r}: expected a non-empty "
                                     f"mapping of parameters, got {bundle!r}")
+            bundles: dict[str, str] = {}
+            for label, bundle in values.items():
+                key = json.dumps(bundle, sort_keys=True, default=str)
+                if key in bundles and isinstance(bundle, dict) and bundle:
+                    problems.append(f"grid axis {name!r}: labels {bundles[key]!r} and {label!r} "
+                                    "set the same parameters (the same runs twice)")
+                bundles.setdefault(key, label)
         elif not isinstance(values, list) or not values:
             problems.append(f"grid axis {name!r} must be a non-empty list of values or a mapping "
                             f"label -> parameters, got {values!r}")
+        else:
+            problems += [f"grid axis {name!r} lists {value} {n} times (each value runs once)"
+                         for value, n in _repeats(values).items()]
     return problems
 
 
