@@ -64,7 +64,8 @@ def test_local_steps_match_sam_and_asam_by_hand(algorithm):
     model = nn.Linear(4, 3)
     start = {"weight": torch.randn(3, 4, generator=g), "bias": torch.randn(3, generator=g)}
     x, y = torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g)
-    config = RunConfig(algorithm=algorithm, sam_rho=0.3, asam_eta=0.05, lr=0.1)
+    # asam_eta is FedASAM's alone: FedSAM's config leaves it out (from_dict, not strict)
+    config = RunConfig.from_dict(dict(algorithm=algorithm, sam_rho=0.3, asam_eta=0.05, lr=0.1))
     strategy = FedASAM(config, start) if algorithm == "fedasam" else FedSAM(config, start)
     # Full batches, so the batch order cannot matter: three steps on the same 12 rows.
     state, _ = local_sgd(model, start, x, y, epochs=3, batch_size=12, lr=0.1, momentum=0.5,
@@ -214,6 +215,44 @@ def test_swa_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     resumed = run(config.replace(run_dir=part), progress=False)
     assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
     assert [r["swa_models"] for r in full.rows] == [r["swa_models"] for r in resumed.rows]
+
+
+@pytest.mark.parametrize("cycle", [1, 2])
+def test_swa_default_start_survives_a_resume_with_more_rounds(tiny_config, tmp_path, cycle):
+    # A folder run to 4 rounds fixes the default start at int(0.75 * 4) + 1 = 4; extended to
+    # 8 rounds it must keep 4 (not move to int(0.75 * 8) + 1 = 7 half way through), so it is
+    # the uninterrupted 8-round run that starts SWA at round 4.
+    config = tiny_config.replace(algorithm="fedsam", swa=True, swa_cycle=cycle, swa_lr=1e-3,
+                                 checkpoint_every=2)
+    folder = str(tmp_path / "extended")
+    run(config.replace(rounds=4, run_dir=folder), progress=False)
+    extended = run(config.replace(rounds=8, run_dir=folder), progress=False)
+    reference = run(config.replace(rounds=8, swa_start=4), progress=False)
+    assert [r["round"] for r in extended.rows] == list(range(1, 9))
+    assert states_allclose(reference.final_state, extended.final_state, rtol=0, atol=0)
+    assert [r["swa_models"] for r in extended.rows] == [r["swa_models"] for r in reference.rows]
+    # The fresh 8-round run with the default start is a different run.
+    fresh = run(config.replace(rounds=8), progress=False)
+    assert not states_allclose(fresh.final_state, extended.final_state)
+
+
+def test_swa_default_start_is_fixed_once_and_checkpointed():
+    strategy = FedSAM(swa_config(swa_start=None, rounds=4), {"w": torch.zeros(2)})
+    assert "default_swa_start" not in strategy.state_dict()  # not fixed before first use
+    assert strategy.swa_start == 4
+    saved = strategy.state_dict()
+    assert saved["default_swa_start"] == 4
+    longer = FedSAM(swa_config(swa_start=None, rounds=8), {"w": torch.zeros(2)})
+    longer.load_state_dict(saved)
+    assert longer.swa_start == 4 and longer.state_dict()["default_swa_start"] == 4
+    # An explicit start wins over the saved default; a checkpoint without one (an older
+    # folder) falls back to the rounds.
+    explicit = FedSAM(swa_config(swa_start=6, rounds=8), {"w": torch.zeros(2)})
+    explicit.load_state_dict(saved)
+    assert explicit.swa_start == 6
+    older = FedSAM(swa_config(swa_start=None, rounds=8), {"w": torch.zeros(2)})
+    older.load_state_dict({k: v for k, v in saved.items() if k != "default_swa_start"})
+    assert older.swa_start == 7
 
 
 def test_swa_is_refused_for_other_methods_and_bad_values():

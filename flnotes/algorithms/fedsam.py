@@ -45,11 +45,28 @@ Decisions (the authors' code, main.py and fedavg_server.py, where the paper is s
 - s defaults to the round after three quarters of the rounds (the code's int(0.75 R),
   counted from 0), c to 1 (then the rate stays lr and every round's model is averaged),
   swa_lr to 1e-4. The paper's CIFAR runs use c = 10.
-- The model is averaged after the cycle's last round, where the rate is lowest, as the
-  paper's and SWA's schedule intends; the code averages one round later (after the first,
-  high-rate round of the next cycle). With c = 1 the two agree.
+- The default s is computed once, from ``rounds`` as the run first uses it, and saved in
+  the strategy's checkpoint; a run folder resumed with a larger ``rounds`` keeps the s its
+  first rounds used. Reason: ``rounds`` is the one setting a resume may change, and a start
+  recomputed from it would move the schedule half way through a run (a folder taken to 4
+  rounds and extended to 8 would have averaged round 4, then skipped rounds 5-6 waiting for
+  a start of 7), giving a model that no uninterrupted run gives. Kept, the extended run is
+  exactly the uninterrupted run with that s. The code recomputes int(0.75 R) at every
+  launch, so its resumed runs have the defect. For a start after 75% of the new count, set
+  ``swa_start`` (an explicit value always wins over the saved one) or start a fresh
+  folder. Folders checkpointed before the start was saved fall back to the current rounds.
+- The model is averaged after each cycle's last round, r = s + c - 1, s + 2c - 1, ...,
+  where the rate is lowest, as the paper's and SWA's schedule intends. The code averages
+  one round later, after rounds s + c, s + 2c, ... (its test i > S and (i - S) mod c == 0,
+  with 0-based i and S = s - 1): after the first, high-rate round of the next cycle (its
+  rate phase is (i mod c + 1) / c, counted from round 0, so its cycles line up with ours
+  only when S is a multiple of c, as in the paper's runs). This holds at c = 1 too, where
+  the rates agree: flnotes averages the global models of rounds s, s + 1, ..., R, the
+  code those of rounds s + 1, ..., R, one model fewer (it never averages round s's). So
+  flnotes with swa_start = s + 1 gives the code's final mean with start s.
 - The reported model is FedAvg's global model until the first cycle ends (the code
-  reports a copy of the global model frozen at round s until then).
+  reports, from round s until its first average after round s + c, a copy of the global
+  model that round s starts from; that first average replaces the copy, weight 1).
 - Every float entry is averaged, BatchNorm statistics included, as FedAvg averages them;
   the code averages the parameters only and keeps the statistics of round s.
 """
@@ -121,6 +138,7 @@ class FedSAM(Strategy):
         self.iterate = self.global_state  # FedAvg's mean: what the clients train from
         self.swa_state: OrderedDict | None = None  # w_SWA, None before the first cycle ends
         self.swa_models = 0  # n: models averaged into w_SWA
+        self.default_swa_start: int | None = None  # s from the rounds, fixed at first use
 
     @property
     def rho(self) -> float:
@@ -139,10 +157,18 @@ class FedSAM(Strategy):
     # ---- server-side SWA ----------------------------------------------------------
     @property
     def swa_start(self) -> int:
-        """s: the first round of the SWA phase (1-based)."""
+        """s: the first round of the SWA phase (1-based).
+
+        ``swa_start`` when set; otherwise the round after three quarters of ``rounds`` as the
+        run first saw them, fixed at first use and kept in the checkpoint, so that a run
+        resumed with more rounds keeps the schedule it began with.
+        """
         if self.config.swa_start is not None:
             return self.config.swa_start
-        return int(0.75 * self.config.rounds) + 1  # the code's int(0.75 R), counted from 0
+        if self.default_swa_start is None:
+            # the code's int(0.75 R), counted from 0
+            self.default_swa_start = int(0.75 * self.config.rounds) + 1
+        return self.default_swa_start
 
     def swa_phase(self, round: int) -> float | None:
         """t(r) in (0, 1] during the SWA phase, None before it (or without SWA)."""
@@ -183,11 +209,14 @@ class FedSAM(Strategy):
         return {"swa_models": float(self.swa_models)} if self.config.swa else {}
 
     def state_dict(self) -> dict[str, Any]:
-        """The reported model, FedAvg's iterate and the SWA mean with its count."""
+        """The reported model, FedAvg's iterate, the SWA mean with its count and, once fixed,
+        the default SWA start."""
         values = {**super().state_dict(), "iterate": self.iterate,
                   "swa_models": self.swa_models}
         if self.swa_state is not None:
             values["swa_state"] = self.swa_state
+        if self.default_swa_start is not None:
+            values["default_swa_start"] = self.default_swa_start
         return values
 
     def load_state_dict(self, values: dict[str, Any]) -> None:
@@ -197,6 +226,8 @@ class FedSAM(Strategy):
         swa = values.get("swa_state")
         self.swa_state = OrderedDict(swa) if swa is not None else None
         self.swa_models = int(values.get("swa_models", 0))
+        start = values.get("default_swa_start")  # absent: not fixed yet, or an older folder
+        self.default_swa_start = int(start) if start is not None else None
 
 
 class FedASAM(FedSAM):
