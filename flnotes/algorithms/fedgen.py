@@ -36,6 +36,16 @@ Decisions where the paper leaves room (the authors' code, zhuangdizhu/FedGen):
   weight decay 1e-2, lr x 0.98 per round, 50 generator steps per round (ensemble_epochs
   50 = 10 x 5 teacher iterations) of the clients' batch size; alpha = beta = 10 (its
   MNIST values), B_g = 32; ensemble_alpha = eta = 1, beta = 0 (no adversarial student term).
+- The server's teacher loss has two readings, and flnotes takes the first (the default;
+  there is no setting for the other):
+  (a) per sample, the paper's eq. 4: mean_i [ w_k(y_i) CE(h_k(G(y_i)), y_i) ], each
+      generated sample's cross-entropy weighted by its own label's share;
+  (b) the product of means, what the authors' code (serverpFedGen.train_generator) and
+      the seed code compute: torch.mean(CE * w) with CE of shape (B,) (NLLLoss with
+      reduce=False) and w of shape (B, 1) broadcasts to a (B, B) table whose mean is
+      mean_i CE_i x mean_j w_k(y_j), so a sample's weight is not tied to its label.
+  The two agree when w_k(y) is the same for every label drawn (e.g. one client, or
+  clients with equal label shares) and differ otherwise.
 - Label shares w_k(y): the code counts the labels each client saw in its local steps,
   starting every count at 1; so do we (the counts of one round). A label is drawn for G's
   training when some client saw it more than once (the code's MIN_SAMPLES_PER_LABEL).

@@ -21,10 +21,15 @@ Decisions (the paper, and its authors' code, QinbinLi/MOON, where the paper is s
 - tau = 0.5, projection 256, one previous model (model_buffer_size 1): the paper's values.
   mu (``moon_mu``): 5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet (Sec. 4.1); None picks
   5 for cifar10 and 1 for any other data set (FedUp names none for its runs).
-- The previous model: the code keeps a pool with every client's last local model, starting
-  from the initial networks, which equal the initial global model. So a client's z_prev
-  comes from its last trained model, or from the initial global model if it has never been
-  sampled; the engine's per-client store (on disk in a run folder) holds them.
+- The previous model: flnotes starts every client's previous model at the initial global
+  model, so a client's z_prev comes from its last trained model, or from the initial
+  global model if it has never been sampled; the engine's per-client store (on disk in a
+  run folder) holds them. The authors' code differs for clients not yet sampled: it builds
+  a separately, randomly initialised network per client (``init_nets(n_parties)``, apart
+  from the global model's own ``init_nets(1)``) and its pool copies every client's network
+  after each round, so such a client contrasts against its own initial network, which is
+  not the initial global model. We keep one initial state per run (nothing per client to
+  seed or store before a client is sampled); the two agree once a client has trained.
 - Round 1: the code's pool is still empty, so the contrastive logits hold the positive pair
   alone and l_con is 0; we add no term in round 1 (FedAvg's round 1 bit for bit).
 - A model without a classifier head (the 2-D toy) has no representation to contrast: MOON
