@@ -60,7 +60,9 @@ def test_help_explains_every_field_and_lists_choices():
     assert "choices: " in helps["algorithm"]
     assert all(f" {name}," in helps["algorithm"] for name in ("fedavg", "fedmr", "fedmut"))
     assert "choices: iid, dirichlet, shards, natural" in helps["partition"]
-    assert "FedUp penalty weight" in helps["alpha"] and "true/false" in helps["download"]
+    # One meaning per name: alpha is the mutation range; FedUp's weight is fedup_alpha.
+    assert "mutation range" in helps["alpha"] and "penalty" not in helps["alpha"]
+    assert "penalty" in helps["fedup_alpha"] and "true/false" in helps["download"]
     for command in ("run", "demo", "presets", "sweep", "tables"):
         assert command in parser.description
 

@@ -4,6 +4,7 @@ from collections import OrderedDict
 
 import torch
 
+from flnotes.algorithms import settings_of
 from flnotes.algorithms.base import ClientResult
 from flnotes.algorithms.fedup import FedUp, upper_bound_penalty
 from flnotes.config import RunConfig
@@ -14,16 +15,16 @@ from flnotes.rng import torch_generator
 
 def test_defaults_and_alpha_zero_has_no_penalty():
     config = RunConfig(algorithm="fedup").resolved()
-    assert config.alpha == FedUp.default_alpha > 0
+    assert config.fedup_alpha == settings_of("fedup")["fedup_alpha"].default > 0
     assert config.weighting == "uniform"  # Alg. 1 l.9: X^(t+1) = sum (1/m) X_i
     state = OrderedDict(w=torch.zeros(2))
     assert FedUp(config, state).has_penalty
-    assert not FedUp(config.replace(alpha=0.0), state).has_penalty
+    assert not FedUp(config.replace(fedup_alpha=0.0), state).has_penalty
 
 
 def test_alpha_zero_equals_fedavg_with_uniform_weighting(tiny_config):
     a = run(tiny_config.replace(algorithm="fedavg", weighting="uniform"), progress=False)
-    b = run(tiny_config.replace(algorithm="fedup", alpha=0.0), progress=False)
+    b = run(tiny_config.replace(algorithm="fedup", fedup_alpha=0.0), progress=False)
     assert states_allclose(a.final_state, b.final_state, rtol=0, atol=0)
     assert a.metric("accuracy") == b.metric("accuracy")
 
@@ -32,13 +33,13 @@ def test_round_one_equals_fedprox_then_differs(tiny_config):
     # X^(-1) = X^0, so round 1 has no linear term and is FedProx with mu = alpha.
     one = tiny_config.replace(rounds=1, mu=0.5, weighting="uniform")
     prox = run(one.replace(algorithm="fedprox"), progress=False)
-    up = run(one.replace(algorithm="fedup", alpha=0.5), progress=False)
+    up = run(one.replace(algorithm="fedup", fedup_alpha=0.5), progress=False)
     assert states_allclose(prox.final_state, up.final_state, rtol=0, atol=0)
 
     # From round 2, X^(t-1) != X^t and the linear term changes the result.
     two = tiny_config.replace(rounds=2, mu=0.5, weighting="uniform", record_states=True)
     prox = run(two.replace(algorithm="fedprox"), progress=False)
-    up = run(two.replace(algorithm="fedup", alpha=0.5), progress=False)
+    up = run(two.replace(algorithm="fedup", fedup_alpha=0.5), progress=False)
     assert states_allclose(prox.trajectory[0]["global"], up.trajectory[0]["global"], 0, 0)
     assert not states_allclose(prox.final_state, up.final_state)
 
@@ -61,7 +62,7 @@ def test_penalty_gradient_matches_autograd_and_analytic_gradient():
     previous["bn.running_mean"] = torch.randn(4, generator=g)
     params = {n: torch.randn(s, generator=g, requires_grad=True) for n, s in shapes.items()}
 
-    strategy = FedUp(RunConfig(algorithm="fedup", alpha=alpha, lr=lr), previous)
+    strategy = FedUp(RunConfig(algorithm="fedup", fedup_alpha=alpha, lr=lr), previous)
     strategy.aggregate(1, [ClientResult(0, start, 10, 0.0)])  # now X^(t-1) = previous, X^t = start
     assert states_allclose(strategy.previous_global, previous, 0, 0)
     penalty = strategy.local_penalty(params, strategy.penalty_anchor(start, 0))
@@ -88,7 +89,7 @@ def test_penalty_gradient_matches_autograd_and_analytic_gradient():
 
 
 def test_checkpoint_keeps_previous_global_and_resume_is_exact(tiny_config, tmp_path):
-    config = tiny_config.replace(algorithm="fedup", alpha=0.5, checkpoint_every=1)
+    config = tiny_config.replace(algorithm="fedup", fedup_alpha=0.5, checkpoint_every=1)
     straight = run(config, progress=False)
     run(config.replace(rounds=2, run_dir=str(tmp_path / "run")), progress=False)
     resumed = run(config.replace(run_dir=str(tmp_path / "run")), progress=False)

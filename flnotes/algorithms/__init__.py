@@ -7,6 +7,7 @@ import importlib.util
 from functools import cache
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting, declared_settings
 
 # name -> "module:Class"; modules are imported lazily so a broken or heavy method does not
 # slow down `import flnotes`.
@@ -43,17 +44,70 @@ def _available(name: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+# Methods registered at run time (a user's own, or a test's): name -> class.
+_REGISTERED: dict[str, type[Strategy]] = {}
+
+
+def register_algorithm(cls: type[Strategy], name: str | None = None) -> type[Strategy]:
+    """Make a Strategy subclass runnable by name (default: its ``name`` attribute).
+
+    Its ``settings`` become RunConfig settings, command-line flags and help like any
+    built-in method's; usable as a class decorator.
+    """
+    name = name or cls.name
+    if not isinstance(cls, type) or not issubclass(cls, Strategy):
+        raise TypeError(f"register_algorithm needs a Strategy subclass, got {cls!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"algorithm name {name!r} is taken by a built-in method")
+    _REGISTERED[name] = cls
+    all_settings.cache_clear()
+    return cls
+
+
+def unregister_algorithm(name: str) -> None:
+    """Forget a method added by :func:`register_algorithm` (tests clean up with it)."""
+    _REGISTERED.pop(name, None)
+    all_settings.cache_clear()
+
+
 def algorithm_names() -> list[str]:
     """Names of every registered algorithm."""
-    return sorted(n for n in _REGISTRY if _available(n))
+    return sorted(_ordered_names())
+
+
+def _ordered_names() -> list[str]:
+    """Every registered algorithm in registry order (seed methods first, then baselines)."""
+    return [n for n in _REGISTRY if _available(n)] + list(_REGISTERED)
 
 
 def algorithm_class(name: str) -> type[Strategy]:
     """The Strategy class registered under ``name``."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in _REGISTRY or not _available(name):
         raise ValueError(f"unknown algorithm {name!r}; registered: {algorithm_names()}")
     module, cls = _REGISTRY[name].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def settings_of(name: str) -> dict[str, Setting]:
+    """The settings the algorithm ``name`` reads, by name (its declarations)."""
+    return declared_settings(algorithm_class(name))
+
+
+@cache
+def all_settings() -> dict[str, dict[str, Setting]]:
+    """Every declared setting name -> {algorithm: its declaration}, in registry order."""
+    out: dict[str, dict[str, Setting]] = {}
+    for algorithm in _ordered_names():
+        for name, setting in settings_of(algorithm).items():
+            out.setdefault(name, {})[algorithm] = setting
+    return out
+
+
+def readers(setting: str) -> list[str]:
+    """The algorithms that read a setting (registry order); [] for a name no method declares."""
+    return list(all_settings().get(setting, {}))
 
 
 def build_strategy(config, global_state) -> Strategy:
@@ -61,4 +115,6 @@ def build_strategy(config, global_state) -> Strategy:
     return algorithm_class(config.algorithm)(config, global_state)
 
 
-__all__ = ["ClientResult", "Strategy", "algorithm_class", "algorithm_names", "build_strategy"]
+__all__ = ["ClientResult", "Setting", "Strategy", "algorithm_class", "algorithm_names",
+           "all_settings", "build_strategy", "readers", "register_algorithm", "settings_of",
+           "unregister_algorithm"]

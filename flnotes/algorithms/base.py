@@ -15,12 +15,13 @@ sees models only as states, so it runs unchanged on the 2-parameter toy and on a
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import clone_state, weighted_mean
 
 
@@ -39,8 +40,15 @@ class Strategy:
     """Base strategy: FedAvg's dispatch; aggregation by the configured weighting."""
 
     name = "base"
+    # The method's name in tables and figures ("FedMut"); empty: the registry name.
+    label = ""
+    # The method's own hyperparameters (flnotes.algorithms.settings): RunConfig settings,
+    # command-line flags and help, hashed with every run of this method. A subclass adds
+    # to its parents' (a declaration of the same name replaces theirs) and may drop
+    # inherited ones it does not read with settings_not_read.
+    settings: tuple[Setting, ...] = ()
+    settings_not_read: tuple[str, ...] = ()
     default_weighting = "samples"
-    default_alpha: float | None = None
     default_client_test_fraction = 0.0
     # True when the strategy trains clients itself (FML's two models) via local_update.
     custom_local_update = False
@@ -55,6 +63,30 @@ class Strategy:
     # True when the method brings its own momentum (MimeLite's server state, STEM's d): the
     # config's local-SGD momentum must then be 0 (RunConfig says so; the toy sets it).
     own_momentum = False
+    own_momentum_note = ""  # what that momentum is, for the message that refuses another
+    # True when the method trains on composed datasets, clients of different tasks (FML).
+    trains_composed_datasets = False
+    # True when each client keeps a personal model of its own between rounds (FML): on
+    # Flower it lives on the client's node, not in the server's strategy.
+    keeps_personal_models = False
+    # False when clients keep state the server reads back (control variates, duals, a
+    # previous model): such a round does not split into Flower's server and client apps.
+    runs_on_flower = True
+
+    @classmethod
+    def config_problems(cls, config) -> Iterator[str]:
+        """One-line messages for settings that are valid alone but not together.
+
+        RunConfig checks each setting against its declaration; a method whose settings
+        constrain each other (CluSamp: no count sketch with l1) says so here.
+        """
+        return iter(())
+
+    @classmethod
+    def config_warnings(cls, config) -> list[str]:
+        """Warnings for valid settings that will do nothing in this run (printed by the
+        command line before the run starts)."""
+        return []
 
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()

@@ -77,6 +77,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import is_float_layer, weighted_mean
 from flnotes.rng import torch_generator
 
@@ -221,6 +222,22 @@ class CluSamp(Strategy):
     """FedAvg with clustered sampling by update similarity (Algorithm 2)."""
 
     name = "clusamp"
+    label = "CluSamp"
+    settings = (
+        Setting("clusamp_distance", "cosine", "CluSamp: distance between clients' last updates "
+                "(cosine: their angle; l1; l2: squared)", choices=("cosine", "l1", "l2"),
+                source="Fraboni et al. 2021 Alg. 2 (arccos of the updates)"),
+        Setting("clusamp_sketch", 0, "CluSamp: keep a k-number count sketch of each client's "
+                "update instead of the whole update (0: whole, the paper; saves memory on "
+                "large models)", minimum=0, source="not in the paper: a memory option"),
+    )
+
+    @classmethod
+    def config_problems(cls, config):
+        """A count sketch keeps cosine and l2 distances, not l1."""
+        if config.clusamp_sketch > 0 and config.clusamp_distance == "l1":
+            yield (f"RunConfig.clusamp_sketch={config.clusamp_sketch!r} is invalid: a count "
+                   "sketch keeps cosine and l2 distances, not l1")
     default_weighting = "samples"
 
     def __init__(self, config, global_state) -> None:

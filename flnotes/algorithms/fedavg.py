@@ -9,4 +9,5 @@ class FedAvg(Strategy):
     """Federated averaging; ``weighting="uniform"`` gives the unweighted mean."""
 
     name = "fedavg"
+    label = "FedAvg"
     default_weighting = "samples"

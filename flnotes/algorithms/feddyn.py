@@ -51,6 +51,7 @@ import torch
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.fedprox import proximal_term
 from flnotes.algorithms.scaffold import trainable_layer_names, zeros_like_layers
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.client_state import ClientStateStore, store_directory
 
 DRIFT = "drift:"  # anchor names of the client's d_i (a colon never appears in a module path)
@@ -66,6 +67,14 @@ class FedDyn(Strategy):
     """FedAvg with a per-client linear term and a server that adds the clients' mean drift."""
 
     name = "feddyn"
+    label = "FedDyn"
+    runs_on_flower = False  # clients keep their gradient state between rounds
+    settings = (
+        Setting("feddyn_alpha", 0.01, "FedDyn: weight alpha of the dynamic regulariser (0: "
+                "clients train as FedAvg, the server still adds the mean drift)",
+                source="FedDyn (Acar et al. 2021) Alg. 1; 0.01, the authors' CIFAR-10 example",
+                minimum=0),
+    )
     default_weighting = "uniform"  # Alg. 1 l. 10
 
     def __init__(self, config, global_state) -> None:

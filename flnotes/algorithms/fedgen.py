@@ -72,6 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import classifier_head as head_name
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
@@ -113,6 +114,22 @@ class FedGen(Strategy):
     """FedAvg with a server-trained feature generator that regularises the clients' heads."""
 
     name = "fedgen"
+    label = "FedGen"
+    runs_on_flower = False  # the server trains a generator from the clients' heads
+    settings = (
+        Setting("fedgen_alpha", 10.0, "FedGen: weight of the cross-entropy on generated "
+                "features (0: off)", minimum=0,
+                source="FedGen (Zhu et al. 2021) eq. 8; the authors' MNIST/EMNIST config"),
+        Setting("fedgen_beta", 10.0, "FedGen: weight of the KL to the head's output on "
+                "generated features (0: off)", minimum=0,
+                source="FedGen eq. 8; the authors' MNIST/EMNIST config"),
+        Setting("fedgen_lr", 3e-4, "FedGen: Adam learning rate of the server's feature "
+                "generator", minimum=0, open_minimum=True, source="the authors' code"),
+        Setting("fedgen_steps", 50, "FedGen: generator training steps on the server per round",
+                minimum=0, source="the authors' code (10 x 5)"),
+        Setting("fedgen_batch", 32, "FedGen: generated samples per local step", minimum=1,
+                source="the authors' code's gen_batch_size"),
+    )
     default_weighting = "samples"
 
     def __init__(self, config, global_state) -> None:

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import StateLike, float_layer_names
 from flnotes.rng import torch_generator
 
@@ -170,6 +171,25 @@ class FedMR(Strategy):
     """Federated Model Recombination, with two-stage training and the FedMR-p variant."""
 
     name = "fedmr"
+    label = "FedMR"
+    settings = (
+        Setting("stage1_rounds", 0, "FedMR: rounds of plain FedAvg before recombination starts",
+                source="FedMR Sec. 3.3 (two-stage training)", minimum=0),
+        Setting("segments", 0, "FedMR-p: segments recombined as units (0: every layer is a "
+                "segment)", source="FedMR Sec. 4.4 (FedMR-p)", minimum=0),
+        Setting("secure_exchanges", 0, "FedMR: secure layer exchanges among the round's "
+                "clients before upload (App. B), so the server cannot tell whose layers it "
+                "holds; 0: off", source="FedMR App. B", minimum=0),
+    )
+
+    @classmethod
+    def config_warnings(cls, config) -> list[str]:
+        """stage1_rounds >= rounds: a FedMR run that never recombines."""
+        if "stage1_rounds" in cls.settings_not_read or config.stage1_rounds < config.rounds:
+            return []
+        return [f"warning: FedMR's stage1_rounds={config.stage1_rounds} is not below "
+                f"rounds={config.rounds}: every round of this run is plain FedAvg, with "
+                "no recombination (lower --stage1-rounds or raise --rounds)"]
     default_weighting = "uniform"
 
     def __init__(self, config, global_state) -> None:
@@ -226,6 +246,9 @@ class Indep(FedMR):
     """Independent training (FedMR Sec. 3): local models shuffled whole, never aggregated."""
 
     name = "indep"
+    label = "Indep"
+    # Whole models, from round 1: Indep sets these itself (below), whatever was given.
+    settings_not_read = ("stage1_rounds", "segments")
 
     def __init__(self, config, global_state) -> None:
         # Whole models move (one segment) from the first round on; the mean of the local

@@ -32,6 +32,7 @@ import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.mutation import beta_schedule, gaussian_mutations, sign_mutations
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import state_sub
 from flnotes.rng import torch_generator
 
@@ -42,8 +43,20 @@ class FedMut(Strategy):
     """FedAvg whose clients train from stochastic mutants of the global model."""
 
     name = "fedmut"
+    label = "FedMut"
     default_weighting = "uniform"  # the official code averages with equal weights
-    default_alpha = 4.0  # FedMut Table 1 uses alpha = 4.0 throughout
+    settings = (
+        Setting("alpha", 4.0, "FedMut/FedQP mutation range: mutants at w + alpha v g",
+                source="FedMut eq. 4; alpha = 4.0 throughout its Table 1", minimum=0),
+        Setting("beta0", 0.3, "FedMut/FedQP initial preference beta_0 of the -1 + beta signs",
+                source="FedMut eq. 5; 0.3 for CNN and VGG-16 (0.5 ResNet-18)",
+                minimum=0, maximum=1),
+        Setting("beta_rounds", 50, "FedMut T_b: rounds over which beta decays to 0",
+                source="FedMut eq. 5; 50 as the official code's --mut_bound", minimum=1),
+        Setting("mutation", "sign", "mutation: sign (FedMut's balanced signs) or gaussian (a "
+                "random direction of the same length: the circle beside FedQP's fan)",
+                choices=("sign", "gaussian"), source="FedMut Alg. 2 (sign); gaussian: ours"),
+    )
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from flnotes.algorithms.base import Strategy
+from flnotes.algorithms.settings import Setting
 
 
 def not_true_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -58,6 +59,13 @@ class FedNTD(Strategy):
     """FedAvg with not-true distillation from the dispatched global model."""
 
     name = "fedntd"
+    label = "FedNTD"
+    settings = (
+        Setting("ntd_beta", 1.0, "FedNTD: weight of the not-true distillation loss (0: FedAvg)",
+                source="FedNTD (Lee et al. 2022) eq. 4; the authors' config", minimum=0),
+        Setting("ntd_tau", 1.0, "FedNTD: softmax temperature of the not-true distillation",
+                source="FedNTD eq. 3; the authors' config", minimum=0, open_minimum=True),
+    )
     default_weighting = "samples"
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flnotes.algorithms.base import Strategy
+from flnotes.algorithms.settings import Setting
 
 
 def proximal_term(
@@ -19,6 +20,12 @@ class FedProx(Strategy):
     """FedAvg whose clients minimise F_i(w) + mu/2 ||w - w_global||^2."""
 
     name = "fedprox"
+    label = "FedProx"
+    settings = (
+        Setting("mu", 0.01, "FedProx proximal weight mu of (mu/2)||w - w_global||^2",
+                source="FedProx (Li et al. 2020) eq. 2; 0.01 as FedMut's experiments",
+                minimum=0),
+    )
     default_weighting = "samples"
 
     @property

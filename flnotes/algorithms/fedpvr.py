@@ -33,6 +33,7 @@ Decisions where the paper leaves room:
 from __future__ import annotations
 
 from flnotes.algorithms.scaffold import CONTROL, Scaffold, trainable_layer_names
+from flnotes.algorithms.settings import Setting
 
 
 def module_of(name: str) -> str:
@@ -56,6 +57,12 @@ class FedPVR(Scaffold):
     """SCAFFOLD's drift correction on the last ``pvr_layers`` layers; FedAvg elsewhere."""
 
     name = "fedpvr"
+    label = "FedPVR"
+    settings = (
+        Setting("pvr_layers", 1, "FedPVR: layers with SCAFFOLD's variance reduction, counted "
+                "from the output (1: the classifier head; 0: FedAvg; all: SCAFFOLD)",
+                minimum=0, source="FedPVR (Li et al. 2023) Sec. 3; see the module docstring"),
+    )
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from flnotes.algorithms.fedmut import FedMut, StateDict
 from flnotes.algorithms.mutation import project_mutants
+from flnotes.algorithms.settings import Setting
 from flnotes.rng import torch_generator
 
 
@@ -36,11 +37,18 @@ class FedQP(FedMut):
     """FedMut whose mutated layers are, with probability p, projected onto <m, g> >= 0."""
 
     name = "fedqp"
+    label = "FedQP"
+    settings = (
+        Setting("alpha", 2.0, "FedMut/FedQP mutation range: mutants at w + alpha v g",
+                source="FedQP Sec. IV gives none; 2.0 from our p x alpha scan (fedqp-paper)",
+                minimum=0),
+        Setting("qp_prob", 0.5, "FedQP: probability of projecting a layer's mutation",
+                source="FedQP Alg. 1 l.14 (p); the paper gives no value", minimum=0, maximum=1),
+    )
     # Not FedMut's 4.0: the paper gives no alpha, and with p = 0.5 the mean mutant runs
     # alpha (1 - (1 - p)(1 - beta)) / 2 times g ahead (the docstring). A p x alpha scan on
     # CIFAR-10 with the CNN (benchmarks/fedqp_scan.yaml, table in the fedqp-paper preset)
     # found alpha = 4 unstable at p = 1 and wobbling at p = 0.5, alpha = 2 stable and best.
-    default_alpha = 2.0
 
     def mutants(self, round: int, num_models: int, update: StateDict) -> list[StateDict]:
         """FedMut's mutants, then QPMut on each (mutant, layer) with probability p (Alg. 1)."""

@@ -80,6 +80,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import is_float_layer
 
 GRAD_NORM_EPS = 1e-16  # added to ||T_w g|| as in the authors' code
@@ -129,6 +130,20 @@ class FedSAM(Strategy):
     """FedAvg with SAM's two-pass local step (``adaptive`` False) or ASAM's (True)."""
 
     name = "fedsam"
+    label = "FedSAM"
+    settings = (
+        Setting("sam_rho", 0.05, "FedSAM/FedASAM: ascent radius rho of the local SAM step",
+                source="SAM (Foret et al. 2021): 0.05", minimum=0),
+        Setting("swa", False, "FedSAM/FedASAM: server-side stochastic weight averaging in "
+                "the last rounds", source="Caldarola et al. 2022 Sec. 4 (+ SWA rows)"),
+        Setting("swa_start", None, "SWA: first round of the averaging phase", kind=int,
+                minimum=1, none_means="after 75% of the rounds, fixed when the run starts",
+                source="Caldarola et al. 2022 Sec. 4 (75% of training)"),
+        Setting("swa_cycle", 1, "SWA: rounds per learning-rate cycle; one model averaged per "
+                "cycle", minimum=1, source="Caldarola et al. 2022 Sec. 4 (c; 10 on CIFAR)"),
+        Setting("swa_lr", 1e-4, "SWA: the cycle's lowest learning rate (it falls from lr to "
+                "this)", minimum=0, open_minimum=True, source="the authors' code's default"),
+    )
     default_weighting = "samples"
     adaptive = False
     default_rho = 0.05  # SAM's default (Foret et al. 2021)
@@ -234,5 +249,13 @@ class FedASAM(FedSAM):
     """FedSAM with ASAM's adaptive neighbourhood T_w = |w| + eta."""
 
     name = "fedasam"
+    label = "FedASAM"
+    settings = (
+        Setting("sam_rho", 0.5, "FedSAM/FedASAM: ascent radius rho of the local SAM step",
+                source="ASAM (Kwon et al. 2021): 0.5, the FedSAM code's ASAM minimizer",
+                minimum=0),
+        Setting("asam_eta", 0.01, "FedASAM: eta in the adaptive scale T_w = |w| + eta",
+                source="ASAM (Kwon et al. 2021) eq. 7; 0.01 its default", minimum=0),
+    )
     adaptive = True
     default_rho = 0.5  # ASAM's default (Kwon et al. 2021; the FedSAM code's ASAM minimizer)

@@ -45,6 +45,7 @@ import torch
 from flnotes.algorithms.base import ClientResult
 from flnotes.algorithms.feddyn import FedDyn
 from flnotes.algorithms.scaffold import zeros_like_layers
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.client_state import ClientStateStore, store_directory
 from flnotes.engine.train import local_sgd
 
@@ -55,6 +56,16 @@ class FedSMOO(FedDyn):
     """FedDyn with a sharpness-aware step whose perturbation is steered by mu_i and s."""
 
     name = "fedsmoo"
+    label = "FedSMOO"
+    settings_not_read = ("feddyn_alpha",)  # smoo_alpha is its regulariser's weight
+    settings = (
+        Setting("smoo_alpha", 0.1, "FedSMOO: weight alpha of its FedDyn-style dynamic "
+                "regulariser", source="FedSMOO (Sun et al. 2023) Alg. 1; the first author's "
+                "simulator default (--lamb)", minimum=0),
+        Setting("smoo_rho", 0.1, "FedSMOO: SAM radius rho of the globally steered "
+                "perturbation (0: FedDyn)", source="FedSMOO Alg. 1; the simulator's --rho",
+                minimum=0),
+    )
     custom_local_update = True  # the step needs the client's mu_i and drift
 
     def __init__(self, config, global_state) -> None:

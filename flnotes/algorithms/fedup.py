@@ -46,6 +46,7 @@ import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.fedprox import proximal_term
+from flnotes.algorithms.settings import Setting
 
 PREVIOUS = "previous:"  # anchor names of X^(t-1) (a colon never appears in a module path)
 
@@ -70,8 +71,14 @@ class FedUp(Strategy):
     """FedAvg whose clients add FedUp's estimated global-loss upper bound to their loss."""
 
     name = "fedup"
+    label = "FedUp"
+    settings = (
+        Setting("fedup_alpha", 0.01, "FedUp: weight alpha of the upper-bound penalty "
+                "(alpha/eta)<X^(t-1) - X^t, X - X^t> + (alpha/2)||X - X^t||^2",
+                source="FedUp eq. 6; the paper reports no value (module docstring)",
+                minimum=0, old_names=("alpha",)),
+    )
     default_weighting = "uniform"  # Alg. 1 l.9
-    default_alpha = 0.01
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)
@@ -80,7 +87,7 @@ class FedUp(Strategy):
 
     @property
     def has_penalty(self) -> bool:  # alpha = 0 is exactly FedAvg: skip the extra work
-        return self.config.alpha > 0
+        return self.config.fedup_alpha > 0
 
     def penalty_anchor(self, start, client):
         """X^t (the start state) and, under ``previous:`` names, X^(t-1)."""
@@ -89,7 +96,8 @@ class FedUp(Strategy):
     def local_penalty(self, params, anchor):
         """The linear and quadratic terms of eq. 6 around the dispatched model X^t."""
         previous = {n: anchor[PREVIOUS + n] for n in params}
-        return upper_bound_penalty(params, anchor, previous, self.config.alpha, self.config.lr)
+        return upper_bound_penalty(params, anchor, previous, self.config.fedup_alpha,
+                                   self.config.lr)
 
     def aggregate(self, round: int, results: list[ClientResult]) -> OrderedDict[str, torch.Tensor]:
         """New global X^(t+1); the model dispatched this round becomes X^(t-1) of the next."""

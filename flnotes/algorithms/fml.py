@@ -85,8 +85,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import clone_state
-from flnotes.models import build_model
+from flnotes.messages import did_you_mean
+from flnotes.models import build_model, model_names
 from flnotes.rng import seeded_cpu_rng
 
 
@@ -184,6 +186,31 @@ class FML(Strategy):
     """Federated mutual learning: meme models are averaged, personal models stay local."""
 
     name = "fml"
+    label = "FML"
+    settings = (
+        Setting("personal_weight", 0.5, "FML a: cross-entropy weight in the personal model's "
+                "loss", source="FML eq. 5 (a = 0.5 in its experiments)", minimum=0, maximum=1),
+        Setting("meme_weight", 0.5, "FML b: cross-entropy weight in the meme model's loss",
+                source="FML eq. 6 (b = 0.5 in its experiments)", minimum=0, maximum=1),
+        Setting("personal_models", None, "FML: the personal models' architecture, one name or "
+                "a comma-separated list (client i takes entry i mod n)", kind=str,
+                source="FML Sec. 4.3 / Fig. 5 (model heterogeneity)",
+                none_means="the shared model's"),
+    )
+    trains_composed_datasets = True  # Fig. 6: clients of different tasks
+    keeps_personal_models = True
+
+    @classmethod
+    def config_problems(cls, config):
+        """personal_models must name registered architectures."""
+        names = config.personal_models
+        if names is None:
+            return
+        unknown = [n.strip() for n in names.split(",") if n.strip() not in model_names()]
+        if unknown:
+            yield (f"RunConfig.personal_models={names!r} is invalid: one model name or a "
+                   f"comma-separated list of {model_names()}"
+                   + did_you_mean(unknown[0], model_names()))
     default_weighting = "uniform"  # Alg. 1 l.5: global = (1/K) sum_k meme_k
     default_client_test_fraction = 0.1  # personal accuracy; the official code's val_ratio 0.1
     custom_local_update = True

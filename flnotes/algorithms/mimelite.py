@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import state_add, state_sub
 from flnotes.engine.train import local_sgd
 
@@ -61,6 +62,17 @@ class MimeLite(Strategy):
     """FedAvg whose clients step with the server's momentum, held fixed within a round."""
 
     name = "mimelite"
+    label = "MimeLite"
+    own_momentum_note = "the server's momentum mime_beta"
+    runs_on_flower = False  # clients need the server's momentum and full-batch gradients
+    settings = (
+        Setting("mime_beta", 0.9, "MimeLite: momentum beta of the server state the clients "
+                "step with", source="Mime (Karimireddy et al. 2021) Alg. 2; SGD + momentum "
+                "0.9 in its runs", minimum=0, maximum=1, open_maximum=True),
+        Setting("server_lr", 1.0, "server step size eta_g on the mean client update (1: "
+                "FedAvg's mean)", source="Mime Alg. 2 (the server's step); 1 as SCAFFOLD",
+                minimum=0, open_minimum=True),
+    )
     default_weighting = "samples"
     custom_local_update = True  # a full-batch gradient besides the local steps
     own_momentum = True  # the server's m: the local SGD runs without momentum

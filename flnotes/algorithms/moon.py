@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.client_state import ClientStateStore, store_directory
 from flnotes.engine.state import classifier_head, clone_state
 from flnotes.engine.train import local_sgd
@@ -85,6 +86,15 @@ class MOON(Strategy):
     """FedAvg with MOON's model-contrastive term on the projection head's output."""
 
     name = "moon"
+    label = "MOON"
+    runs_on_flower = False  # each client keeps its previous local model
+    settings = (
+        Setting("moon_mu", None, "MOON: weight mu of the model-contrastive loss", kind=float,
+                minimum=0, none_means="5 on cifar10, 1 elsewhere, as its paper",
+                source="MOON (Li et al. 2021) eq. 3 and Sec. 4.1"),
+        Setting("moon_tau", 0.5, "MOON: temperature tau of the model-contrastive loss",
+                minimum=0, open_minimum=True, source="MOON eq. 2; 0.5 its paper's value"),
+    )
     default_weighting = "samples"
     custom_local_update = True  # three models per client step; the reference loop runs it
 

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.client_state import ClientStateStore, store_directory
 from flnotes.engine.state import is_float_layer, state_add, state_sub
 
@@ -92,6 +93,13 @@ class Scaffold(Strategy):
     """FedAvg whose local gradients are corrected by control variates c - c_i."""
 
     name = "scaffold"
+    label = "SCAFFOLD"
+    runs_on_flower = False  # clients keep control variates the server reads back
+    settings = (
+        Setting("server_lr", 1.0, "server step size eta_g on the mean client update (1: "
+                "FedAvg's mean)", source="SCAFFOLD (Karimireddy et al. 2020) Alg. 1 l.17; "
+                "eta_g = 1 in its experiments", minimum=0, open_minimum=True),
+    )
     default_weighting = "uniform"  # Alg. 1 l. 16
     has_penalty = True  # the correction; zero in round 1, where it changes nothing
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import clone_state, weighted_mean
 from flnotes.engine.train import batch_schedule
 
@@ -60,6 +61,15 @@ class STEM(Strategy):
     """Local STORM momentum d on each client; the server averages models and momenta."""
 
     name = "stem"
+    label = "STEM"
+    own_momentum_note = "STEM's local momentum d, set by stem_a"
+    runs_on_flower = False  # x and d are both sent and averaged
+    settings = (
+        Setting("stem_a", 0.1, "STEM: momentum parameter a of d = g(x) + (1 - a)(d - "
+                "g(x_prev)); 1: plain SGD steps", source="STEM (Khanduri et al. 2021) Alg. 1; "
+                "0.1 our choice (its experiments tune a)", minimum=0, maximum=1,
+                open_minimum=True),
+    )
     default_weighting = "uniform"  # Alg. 1: (1/K) sum over the clients
     custom_local_update = True  # two gradients per step at two points
     own_momentum = True  # d is the momentum: the local SGD runs without one

@@ -1,12 +1,15 @@
-"""One line of help per RunConfig field: the command line's ``run --help``.
+"""One line of help per common RunConfig field: the command line's ``run --help``.
 
-Each says what the field does; the command line adds choices and defaults. A test checks
-that every field has one.
+Each says what the field does; the command line adds choices and defaults. A method's own
+settings carry their help in their declarations (flnotes.algorithms.settings);
+:data:`FIELD_HELP` reads both. A test checks that every field has one.
 """
 
-# One line of help per field (the command line's --help; widgets may show them too). Each
-# says what the field does; choices and defaults are added by the command line.
-FIELD_HELP = {
+from collections.abc import Iterator, Mapping
+
+# One line of help per common field (the command line's --help; widgets may show them
+# too). Each says what the field does; choices and defaults are added by the command line.
+COMMON_HELP = {
     "algorithm": "federated algorithm to run",
     "dataset": "dataset to train on (toy: the 2-parameter teaching landscape)",
     "model": "model architecture (default: the dataset's usual model, e.g. cnn for cifar10)",
@@ -31,59 +34,11 @@ FIELD_HELP = {
     "local_epochs": "epochs each sampled client trains per round",
     "batch_size": "client mini-batch size",
     "lr": "client SGD learning rate",
-    "momentum": "client SGD momentum, in [0, 1)",
+    "momentum": "client SGD momentum, in [0, 1) (default: 0.9; 0 for mimelite and stem, "
+                "which bring their own)",
     "weight_decay": "client SGD weight decay (L2)",
     "weighting": "how the server averages client models: by sample count or uniformly "
                  "(default: the algorithm's)",
-    "mu": "FedProx proximal weight",
-    "alpha": "depends on the algorithm: FedMut/FedQP mutation range, FedUp penalty weight "
-             "(default: the algorithm's, 4.0 for fedmut, 0.01 for fedup)",
-    "beta0": "FedMut/FedQP initial preference beta, in [0, 1]",
-    "beta_rounds": "FedMut T_b: rounds over which beta decays to 0",
-    "qp_prob": "FedQP: probability of projecting a layer, in [0, 1]",
-    "mutation": "FedQP mutation: sign (FedMut's) or gaussian",
-    "stage1_rounds": "FedMR: rounds of plain FedAvg before recombination starts",
-    "segments": "FedMR-p: segments recombined as units (0: every layer is a segment)",
-    "secure_exchanges": "FedMR: secure layer exchanges among the round's clients before "
-                        "upload (App. B), so the server cannot tell whose layers it holds; 0: off",
-    "personal_weight": "FML a: cross-entropy weight in the personal model's loss, in [0, 1]",
-    "meme_weight": "FML b: cross-entropy weight in the meme model's loss, in [0, 1]",
-    "personal_models": "FML: the personal models' architecture, one name or a comma-separated "
-                       "list (client i takes entry i mod n); default: the shared model's",
-    # -- mutation-family baselines (issue 17)
-    "fedexp_eps": "FedExP: eps in the server step size max(1, sum p_i|D_i|^2 / 2(|D|^2 + eps))",
-    "fedexp_average": "FedExP: evaluate and return the mean of the last two server iterates",
-    "sam_rho": "FedSAM/FedASAM: ascent radius rho (default: 0.05 FedSAM, 0.5 FedASAM)",
-    "fedgen_alpha": "FedGen: weight of the cross-entropy on generated features (0: off)",
-    "fedgen_beta": "FedGen: weight of the KL to the head's output on generated features (0: off)",
-    "fedgen_lr": "FedGen: Adam learning rate of the server's feature generator",
-    "fedgen_steps": "FedGen: generator training steps on the server per round",
-    "fedgen_batch": "FedGen: generated samples per local step",
-    "swa": "FedSAM/FedASAM: server-side stochastic weight averaging in the last rounds",
-    "swa_start": "SWA: first round of the averaging phase (default: after 3/4 of the rounds)",
-    "swa_cycle": "SWA: rounds per learning-rate cycle; one model averaged per cycle",
-    "swa_lr": "SWA: the cycle's lowest learning rate (it falls from lr to this)",
-    "asam_eta": "FedASAM: eta in the adaptive scale T_w = |w| + eta",
-    "ntd_beta": "FedNTD: weight of the not-true distillation loss (0: FedAvg)",
-    "ntd_tau": "FedNTD: softmax temperature of the not-true distillation",
-    "clusamp_distance": "CluSamp: distance between clients' last updates (cosine: their angle; "
-                        "l1; l2: squared)",
-    "clusamp_sketch": "CluSamp: keep a k-number count sketch of each client's update instead "
-                      "of the whole update (0: whole, the paper; saves memory on large models)",
-    # -- FedUp-table baselines (issue 12)
-    "server_lr": "SCAFFOLD: server step size eta_g on the mean client update (1: FedAvg's "
-                 "mean)",
-    "feddyn_alpha": "FedDyn: weight alpha of the dynamic regulariser (0: clients train as "
-                    "FedAvg, the server still adds the mean drift)",
-    "moon_mu": "MOON: weight mu of the model-contrastive loss (default: 5 on cifar10, 1 "
-               "elsewhere, as its paper)",
-    "moon_tau": "MOON: temperature tau of the model-contrastive loss",
-    "smoo_alpha": "FedSMOO: weight alpha of its FedDyn-style dynamic regulariser",
-    "smoo_rho": "FedSMOO: SAM radius rho of the globally steered perturbation (0: FedDyn)",
-    "mime_beta": "MimeLite: momentum beta of the server state the clients step with",
-    "stem_a": "STEM: momentum parameter a in (0, 1] of d = g(x) + (1 - a)(d - g(x_prev))",
-    "pvr_layers": "FedPVR: layers with SCAFFOLD's variance reduction, counted from the output "
-                  "(1: the classifier head; 0: FedAvg; all: SCAFFOLD)",
     "seed": "seed of every random draw (split, sampling, initial model, batches)",
     "eval_every": "evaluate the global model every this many rounds (and at the last)",
     "eval_batch_size": "batch size of evaluation (memory only; results do not change)",
@@ -99,3 +54,30 @@ FIELD_HELP = {
                "resumes (command line default: runs/<algorithm>-<dataset>-<partition>-"
                "seed<N>-<hash of the settings>)",
 }
+
+
+class _FieldHelp(Mapping):
+    """Help of every field: the common ones above, each method setting's own declaration."""
+
+    def _settings(self) -> dict:
+        from flnotes.algorithms import all_settings
+
+        return all_settings()
+
+    def __getitem__(self, name: str) -> str:
+        if name in COMMON_HELP:
+            return COMMON_HELP[name]
+        declared = self._settings().get(name)
+        if declared is None:
+            raise KeyError(name)
+        return next(iter(declared.values())).help
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMON_HELP
+        yield from (n for n in self._settings() if n not in COMMON_HELP)
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+FIELD_HELP = _FieldHelp()

@@ -24,10 +24,11 @@ from flnotes.cli.run import (
 from flnotes.config import (
     BACKENDS,
     COMPILE_MODES,
-    MUTATIONS,
     PARTITIONS,
     WEIGHTINGS,
     RunConfig,
+    common_field_names,
+    field_names,
     model_names,
 )
 from flnotes.messages import did_you_mean
@@ -68,14 +69,13 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _field_choices() -> dict[str, list[str]]:
-    """The allowed values of the fields that take a name, for --help."""
+    """The allowed values of the common fields that take a name, for --help."""
     from flnotes.algorithms import algorithm_names
     from flnotes.data.registry import dataset_names
 
     return {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
             "partition": list(PARTITIONS), "backend": list(BACKENDS),
-            "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS),
-            "mutation": list(MUTATIONS)}
+            "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS)}
 
 
 def field_help(name: str, default: Any, choices: list[str] | None) -> str:
@@ -89,12 +89,43 @@ def field_help(name: str, default: Any, choices: list[str] | None) -> str:
     return "; ".join(parts).replace("%", "%%")
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per RunConfig field (--clients-per-round ...), defaulting to 'not given'."""
+def _setting_help(setting, readers: list[str]) -> str:
+    """A method setting's help: what it does, who reads it, its range, default and source."""
+    parts = [setting.help]
+    if len(readers) > 1:
+        parts.append(f"read by {', '.join(readers)}")
+    parts.append(setting.allowed())
+    if setting.default is not None:
+        default = setting.default
+        parts.append(f"default: {str(default).lower() if isinstance(default, bool) else default}")
+    if setting.source:
+        parts.append(f"from: {setting.source}")
+    return "; ".join(parts).replace("%", "%%")
+
+
+def _setting_type(setting):
+    """argparse type: the setting's own parse, with its message on a bad value."""
+    def parse(text: str):
+        try:
+            return setting.parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--{setting.name.replace('_', '-')}: {text!r} is not {setting.allowed()}"
+            ) from None
+    parse.__name__ = setting.name
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -> None:
+    """One flag per RunConfig field, defaulting to 'not given': the common fields, then one
+    group per method with the settings it declares (``only``: that method's group alone)."""
+    from flnotes.algorithms import algorithm_names, all_settings, settings_of
+
     hints = typing.get_type_hints(RunConfig)
     choices = _field_choices()
-    group = parser.add_argument_group("run settings (RunConfig fields)")
-    for f in dataclasses.fields(RunConfig):
+    group = parser.add_argument_group("common settings (every method)")
+    for name in common_field_names():
+        f = next(f for f in dataclasses.fields(RunConfig) if f.name == name)
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
@@ -111,12 +142,40 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         metavar = "{true,false}" if base is bool else None
         group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,
                            metavar=metavar, help=text)
+    declared = all_settings()
+    placed: set[str] = set()
+    for algorithm in ([only] if only else algorithm_names()):
+        own = [s for n, s in settings_of(algorithm).items() if n not in placed or only]
+        if not own:
+            continue
+        from flnotes.algorithms import algorithm_class
+
+        label = algorithm_class(algorithm).label or algorithm
+        group = parser.add_argument_group(f"{label} settings (--algorithm {algorithm})")
+        for setting in own:
+            placed.add(setting.name)
+            readers = list(declared.get(setting.name, {algorithm: setting}))
+            metavar = ("{" + ",".join(setting.choices) + "}" if setting.choices else
+                       "{true,false}" if setting.kind is bool else None)
+            group.add_argument("--" + setting.name.replace("_", "-"), dest=setting.name,
+                               type=_setting_type(setting), default=argparse.SUPPRESS,
+                               metavar=metavar, help=_setting_help(setting, readers))
+    if only:  # the other methods' flags still parse, so that using one says whose it is
+        for name, by_method in declared.items():
+            if name not in placed:
+                setting = next(iter(by_method.values()))
+                parser.add_argument("--" + name.replace("_", "-"), dest=name,
+                                    type=_setting_type(setting), default=argparse.SUPPRESS,
+                                    help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """RunConfig from a preset (if given) overridden by explicit flags."""
-    values = {k: v for k, v in vars(args).items()
-              if k in {f.name for f in dataclasses.fields(RunConfig)}}
+    """RunConfig from a preset (if given) overridden by explicit flags.
+
+    Flags are what the user typed: a method setting the chosen method does not read is a
+    one-line error naming the methods that read it.
+    """
+    values = {k: v for k, v in vars(args).items() if k in set(field_names())}
     if "data_options" in values:
         values["data_options"] = dict(values["data_options"] or [])
     if getattr(args, "preset", None):
@@ -124,7 +183,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             preset_options = RunConfig.from_preset(args.preset).data_options
             values["data_options"] = {**preset_options, **values["data_options"]}
         return RunConfig.from_preset(args.preset, **values)
-    return RunConfig.from_dict(values)
+    return RunConfig.from_dict(values, strict=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -163,8 +222,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for all subcommands."""
+def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser for all subcommands (``only_algorithm``: ``run``'s method flags
+    are that method's alone, for ``run --algorithm NAME --help``)."""
     # allow_abbrev=False everywhere: "--round 3" must not silently mean "--rounds 3".
     parser = argparse.ArgumentParser(prog="python -m flnotes", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--seeds", type=_seed_list, metavar="S1,S2,...",
                        help="run these seeds and print mean +- std; with the vmap backend "
                             "(the default on a GPU) their clients train as one stack")
-    add_config_flags(p_run)
+    add_config_flags(p_run, only=only_algorithm)
     p_run.set_defaults(func=cmd_run, command_parser=p_run)
     p_demo = sub.add_parser("demo", allow_abbrev=False,
                             help="the quick-start job: a small run and the toy notebooks")
@@ -220,6 +280,21 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
+def _help_algorithm(argv: list[str] | None) -> str | None:
+    """NAME of ``run --algorithm NAME --help`` (a registered one), else None."""
+    from flnotes.algorithms import algorithm_names
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "run" or not {"-h", "--help"} & set(argv):
+        return None
+    for i, word in enumerate(argv):
+        name = (argv[i + 1] if word == "--algorithm" and i + 1 < len(argv) else
+                word.split("=", 1)[1] if word.startswith("--algorithm=") else None)
+        if name in algorithm_names():
+            return name
+    return None
+
+
 def _one_line(err: Exception) -> str:
     """An error's message on one line (YAML and JSON errors span several)."""
     return " ".join(str(err).split())
@@ -227,7 +302,7 @@ def _one_line(err: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m flnotes``."""
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(_help_algorithm(argv)), argv)
     tic = time.perf_counter()
     try:
         with terminate_like_ctrl_c():

@@ -9,13 +9,15 @@ from flnotes.config.runconfig import (
     BACKENDS,
     COMPILE_MODES,
     DEFAULT_MODEL,
-    MUTATIONS,
     PARTITIONS,
     WEIGHTINGS,
     RunConfig,
+    common_field_names,
+    config_field_names,
     field_names,
     model_names,
 )
 
-__all__ = ["BACKENDS", "COMPILE_MODES", "DEFAULT_MODEL", "MUTATIONS", "PARTITIONS", "WEIGHTINGS",
-           "RunConfig", "field_names", "model_names"]
+__all__ = ["BACKENDS", "COMPILE_MODES", "DEFAULT_MODEL", "PARTITIONS", "WEIGHTINGS",
+           "RunConfig", "common_field_names", "config_field_names", "field_names",
+           "model_names"]

@@ -194,7 +194,7 @@ def fedqp_paper() -> dict[str, Any]:
     normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(_mutation_setup(), algorithm="fedqp", momentum=0.5, rounds=2000, qp_prob=0.5,
-                mutation="sign", alpha=None, beta0=0.3, beta_rounds=50, mu=0.01)
+                mutation="sign", beta0=0.3, beta_rounds=50, mu=0.01)
 
 
 @preset("fedqp-paper-resnet18")
@@ -386,7 +386,7 @@ def fedup_paper() -> dict[str, Any]:
     return dict(algorithm="fedup", dataset="cifar10", model="resnet18-gn",
                 partition="dirichlet", dirichlet_alpha=0.3, num_clients=100,
                 clients_per_round=10, rounds=1500, local_epochs=1, batch_size=32, lr=0.2,
-                momentum=0.0, weight_decay=0.0, alpha=0.05, weighting="uniform")
+                momentum=0.0, weight_decay=0.0, fedup_alpha=0.05, weighting="uniform")
 
 
 @preset("fedup-paper-cifar100")
@@ -401,7 +401,7 @@ def fedup_paper_cifar100() -> dict[str, Any]:
     Inputs: each channel standardised with CIFAR-100's own mean and std (data option
     normalize="dataset", the default); the paper does not say how it scales inputs.
     """
-    return dict(fedup_paper(), dataset="cifar100", batch_size=16, rounds=1000, alpha=0.03)
+    return dict(fedup_paper(), dataset="cifar100", batch_size=16, rounds=1000, fedup_alpha=0.03)
 
 
 @preset("fedup-paper-femnist")
@@ -420,7 +420,7 @@ def fedup_paper_femnist() -> dict[str, Any]:
     """
     return dict(fedup_paper(), dataset="femnist", model="femnist-cnn", partition="natural",
                 num_clients=3400, clients_per_round=340, lr=0.02, batch_size=20, rounds=1000,
-                alpha=0.08)
+                fedup_alpha=0.08)
 
 
 @preset("fedup-paper-femnist-500")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -19,7 +20,6 @@ PARTITIONS = ("iid", "dirichlet", "shards", "natural")
 BACKENDS = ("auto", "loop", "vmap")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 WEIGHTINGS = ("samples", "uniform")
-MUTATIONS = ("sign", "gaussian")
 
 # Model used when `model` is None, by dataset.
 DEFAULT_MODEL = {
@@ -34,9 +34,20 @@ DEFAULT_MODEL = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class RunConfig:
-    """All settings of one federated run (``python -m flnotes run --help`` says what each does)."""
+    """All settings of one federated run (``python -m flnotes run --help`` says what each does).
+
+    The fields below are common to every method. A method's own settings (FedProx's ``mu``,
+    FedMut's ``alpha`` ...) are declared in its module (:mod:`flnotes.algorithms.settings`)
+    and given by the same flat name: ``RunConfig(algorithm="fedprox", mu=0.1)``; they read as
+    attributes (``config.mu``) and a run records and hashes those its method reads.
+
+    A setting the chosen method does not read is refused when the algorithm is named in the
+    same call (``RunConfig(algorithm="fedavg", mu=0.1)``: a one-line error naming the methods
+    that read ``mu``). Without ``algorithm`` the config may carry several methods' settings
+    (a notebook's base config); ``replace(algorithm=...)`` then picks each method's own.
+    """
 
     # what to run
     algorithm: str = "fedavg"
@@ -59,54 +70,10 @@ class RunConfig:
     local_epochs: int = 1
     batch_size: int = 50
     lr: float = 0.01
-    momentum: float = 0.9
+    # None: 0.9, or 0 for a method that brings its own momentum (MimeLite, STEM)
+    momentum: float | None = None
     weight_decay: float = 0.0
     weighting: str | None = None  # None: the algorithm's default
-    # algorithm hyperparameters
-    mu: float = 0.01  # FedProx proximal weight
-    alpha: float | None = None  # FedMut/FedQP mutation range; FedUp penalty weight
-    beta0: float = 0.3  # FedMut initial preference
-    beta_rounds: int = 50  # FedMut T_b: rounds over which beta decays to 0
-    qp_prob: float = 0.5  # FedQP: probability of projecting a layer
-    mutation: str = "sign"  # FedQP mutation: sign (FedMut's) or gaussian
-    stage1_rounds: int = 0  # FedMR: rounds of plain FedAvg before recombination
-    segments: int = 0  # FedMR-p: 0 means every layer is its own segment
-    secure_exchanges: int = 0  # FedMR App. B: secure layer exchanges among clients per round
-    personal_weight: float = 0.5  # FML a: CE weight in the personal model's loss
-    meme_weight: float = 0.5  # FML b: CE weight in the meme model's loss
-    # FML: personal architecture(s), "name" or "a,b,..." (client i takes entry i mod n);
-    # None: the shared model's (FML Fig. 5, model heterogeneity)
-    personal_models: str | None = None
-    # -- mutation-family baselines (FedExP, FedSAM/FedASAM, FedNTD, ...): issue 17
-    fedexp_eps: float = 1e-3  # FedExP eps of the server step size (its CIFAR value)
-    fedexp_average: bool = True  # FedExP: evaluate the mean of the last two iterates
-    sam_rho: float | None = None  # FedSAM/FedASAM radius; None: 0.05 (SAM) / 0.5 (ASAM)
-    asam_eta: float = 0.01  # FedASAM: T_w = |w| + eta (ASAM's default)
-    # FedSAM/FedASAM's server-side SWA (Caldarola et al. Sec. 4; sam_rho 0 gives FedAvg + SWA)
-    swa: bool = False
-    swa_start: int | None = None  # first round of the SWA phase; None: after 75% of rounds
-    swa_cycle: int = 1  # c: rounds per cycle of the learning rate and per averaged model
-    swa_lr: float = 1e-4  # the cycle's lowest learning rate (the authors' code's default)
-    ntd_beta: float = 1.0  # FedNTD distillation weight (authors' config)
-    ntd_tau: float = 1.0  # FedNTD softmax temperature (authors' config)
-    clusamp_distance: str = "cosine"  # CluSamp: arccos of the updates. cosine (FedQP's words)
-    clusamp_sketch: int = 0  # CluSamp: 0 keeps whole updates (the paper); k: count sketches
-    # FedGen (the authors' code's MNIST/EMNIST settings; it ships none for CIFAR)
-    fedgen_alpha: float = 10.0  # weight of the generated-label cross-entropy (teacher) term
-    fedgen_beta: float = 10.0  # weight of the generated-feature KL (latent) term
-    fedgen_lr: float = 3e-4  # Adam learning rate of the server's generator
-    fedgen_steps: int = 50  # generator steps per round (the code's 10 x 5)
-    fedgen_batch: int = 32  # generated samples per local step (the code's gen_batch_size)
-    # -- FedUp-table baselines (SCAFFOLD, FedDyn, ...): issue 12
-    server_lr: float = 1.0  # SCAFFOLD global step size eta_g (the paper's experiments)
-    feddyn_alpha: float = 0.01  # FedDyn alpha (the authors' CIFAR-10 example)
-    smoo_alpha: float = 0.1  # FedSMOO: its dynamic regulariser's alpha (the authors' simulator)
-    smoo_rho: float = 0.1  # FedSMOO: SAM radius rho (the authors' simulator)
-    pvr_layers: int = 1  # FedPVR: layers with variance reduction, from the output (1: the head)
-    moon_mu: float | None = None  # MOON mu; None: 5 on cifar10, 1 elsewhere (its Sec. 4.1)
-    moon_tau: float = 0.5  # MOON temperature (its paper's value)
-    mime_beta: float = 0.9  # MimeLite: the server's momentum beta (Mime's SGD + momentum runs)
-    stem_a: float = 0.1  # STEM: a of d <- g(x) + (1 - a)(d - g(x_prev)); 1: plain SGD steps
     # bookkeeping
     seed: int = 0
     eval_every: int = 1
@@ -121,10 +88,35 @@ class RunConfig:
     compile: str = "off"
     record_states: bool = False  # keep every dispatched/local/global state (toy models)
     run_dir: str | None = None  # None: nothing written to disk
+    # The method settings given (name -> value); read them as attributes (config.mu).
+    method_settings: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        for problem in _problems(self):
-            raise ValueError(problem)
+    def __init__(self, **values: Any) -> None:
+        _build(self, values, strict="algorithm" in values)
+
+    # ---- method settings as attributes ------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """A method setting: the value given, else the chosen method's declared default."""
+        if name.startswith("_"):  # pickle and copy probe dunders before __dict__ is filled
+            raise AttributeError(name)
+        declared = _declarations(name)
+        if declared is None:
+            raise AttributeError(f"RunConfig has no field or method setting {name!r}")
+        given = self.__dict__.get("method_settings", {})
+        if name in given:
+            return given[name]
+        algorithm = self.__dict__.get("algorithm")
+        setting = declared.get(algorithm) or next(iter(declared.values()))
+        return setting.default
+
+    def settings_read(self) -> dict[str, Any]:
+        """The chosen method's settings and their values (given or default), in order."""
+        return {name: getattr(self, name) for name in _method_settings(self.algorithm)}
+
+    def unread_settings(self) -> list[str]:
+        """Settings given that the chosen method does not read (a base config may hold them)."""
+        read = _method_settings(self.algorithm)
+        return [n for n in self.method_settings if n not in read]
 
     # ---- derived values -------------------------------------------------------
     def resolved(self) -> RunConfig:
@@ -139,15 +131,20 @@ class RunConfig:
             changes["model"] = DEFAULT_MODEL.get(first, "mlp")
         if self.weighting is None:
             changes["weighting"] = cls.default_weighting
-        if self.alpha is None:
-            changes["alpha"] = cls.default_alpha
         if self.client_test_fraction is None:
             changes["client_test_fraction"] = cls.default_client_test_fraction
-        return dataclasses.replace(self, **changes)
+        return self.replace(**changes) if changes else self
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again).
+
+        Settings given before are carried over; with another ``algorithm`` the new method
+        reads its own and ignores the rest (a base config for several methods).
+        """
+        values = {**self.__dict__["_given"], **changes}
+        config = RunConfig.__new__(RunConfig)
+        _build(config, values, strict=False)
+        return config
 
     def check_device(self) -> None:
         """Raise ValueError if this machine cannot run on ``device`` (e.g. 'cuda' without a GPU).
@@ -160,35 +157,101 @@ class RunConfig:
             raise ValueError(problem)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict of all fields."""
-        return dataclasses.asdict(self)
+        """Plain JSON-able dict: the common fields and the settings the method reads."""
+        values = {name: getattr(self, name) for name in common_field_names()}
+        values["data_options"] = dict(self.data_options)
+        values.update(self.settings_read())
+        return values
 
     def to_json(self) -> str:
         """The config as indented JSON."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable data_options: not hashable
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"RunConfig({inner})"
+
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
-        """Build from a dict; unknown keys are an error that lists the valid ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown RunConfig field(s) {unknown}; valid fields: {sorted(known)}"
-            )
-        return cls(**values)
+    def from_dict(cls, values: dict[str, Any], *, strict: bool = False) -> RunConfig:
+        """Build from a dict; unknown keys are an error that lists the valid ones.
+
+        ``strict``: the dict is what a user typed (command line), so a setting the chosen
+        method does not read is an error, as in ``RunConfig(algorithm=..., ...)``. Otherwise
+        (a stored config.json, a preset) such settings are kept but not used.
+        """
+        if not isinstance(values, dict):
+            raise ValueError(f"a RunConfig is built from a dict, got {type(values).__name__}")
+        config = cls.__new__(cls)
+        _build(config, dict(values), strict=strict)
+        return config
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> RunConfig:
-        """A named preset (see flnotes.config.presets) with some fields overridden."""
+        """A named preset (see flnotes.config.presets) with some fields overridden.
+
+        The preset's settings that the final method does not read are left out (a preset
+        may carry several methods' values: fedmut-paper with algorithm='fedprox');
+        ``overrides`` are the caller's own, so an unread one is an error.
+        """
         from flnotes.config.presets import preset_names, preset_values
 
         if name not in preset_names():
             raise ValueError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; "
                              "list them with `python -m flnotes presets`")
         values = preset_values(name)
+        algorithm = overrides.get("algorithm", values.get("algorithm", "fedavg"))
+        values = only_read(values, algorithm)
         values.update(overrides)
-        return cls.from_dict(values)
+        config = cls.__new__(cls)
+        _build(config, values, strict=bool(overrides), strict_names=set(overrides))
+        return config
+
+
+def only_read(values: dict[str, Any], algorithm: str) -> dict[str, Any]:
+    """``values`` without the method settings ``algorithm`` does not read (a preset's or a
+    grid's values for several methods); common fields and unknown names stay (to be refused)."""
+    from flnotes.algorithms import algorithm_names
+
+    if algorithm not in algorithm_names():
+        return dict(values)
+    read = _method_settings(algorithm)
+    return {k: v for k, v in values.items() if k in read or _declarations(k) is None}
+
+
+def common_field_names() -> list[str]:
+    """The fields every run has, whatever its method (no method settings)."""
+    return [f.name for f in fields(RunConfig) if f.name != "method_settings"]
+
+
+def field_names() -> list[str]:
+    """Every name a config may be given: the common fields, then each method setting."""
+    from flnotes.algorithms import all_settings
+
+    return common_field_names() + list(all_settings())
+
+
+def config_field_names(algorithm: str) -> list[str]:
+    """The names a run of ``algorithm`` records: common fields and its own settings."""
+    return common_field_names() + list(_method_settings(algorithm))
+
+
+def _method_settings(algorithm: str) -> dict:
+    from flnotes.algorithms import algorithm_names, settings_of
+
+    return settings_of(algorithm) if algorithm in algorithm_names() else {}
+
+
+def _declarations(name: str) -> dict | None:
+    from flnotes.algorithms import all_settings
+
+    return all_settings().get(name)
 
 
 def model_names() -> list[str]:
@@ -199,37 +262,119 @@ def model_names() -> list[str]:
     return sorted(set(registered()) | {"toy"})
 
 
-def field_names() -> list[str]:
-    """Names of all RunConfig fields, in declaration order."""
-    return [f.name for f in fields(RunConfig)]
+_PATH_FIELDS = ("data_dir", "partition_manifest", "run_dir")
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as the Python number they hold (a grid's or a notebook's np.arange
+    values), so the config stays JSON-able; other values unchanged."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
+
+
+def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
+           strict_names: set[str] | None = None) -> None:
+    """Fill ``config`` from ``values`` (common fields and method settings) and validate it.
+
+    ``strict``: a method setting given that the chosen method does not read is an error
+    (only those in ``strict_names`` when that is given).
+    """
+    from flnotes.algorithms import algorithm_class, algorithm_names, readers
+
+    common = {f.name: f for f in fields(RunConfig) if f.name != "method_settings"}
+    if "method_settings" in values:  # dataclasses.replace and old callers pass it whole
+        nested = values.pop("method_settings") or {}
+        values = {**nested, **values}
+    unknown = sorted(n for n in values if n not in common and _declarations(n) is None)
+    if unknown:
+        known = common_field_names() + sorted(set(field_names()) - set(common))
+        hint = did_you_mean(unknown[0], known)
+        raise ValueError(f"unknown RunConfig field(s) {unknown}{hint}; valid fields: {known}")
+    values = {k: _plain(v) for k, v in values.items()}
+    # A method setting given as None takes its method's default (a notebook's parameter
+    # "alpha = None  # the method's default"), unless None has a meaning of its own there.
+    values = {k: v for k, v in values.items() if v is not None or k in common
+              or any(s.none_means for s in _declarations(k).values())}
+    for name in _PATH_FIELDS:  # a pathlib.Path (any os.PathLike) is the path it names
+        if isinstance(values.get(name), os.PathLike):
+            values[name] = os.fspath(values[name])
+    object.__setattr__(config, "_given", dict(values))
+    for name, f in common.items():
+        if name in values:
+            value = values[name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        else:
+            value = f.default_factory()
+        object.__setattr__(config, name, value)
+    settings = {k: v for k, v in values.items() if k not in common}
+    object.__setattr__(config, "method_settings", settings)
+    known_algorithm = isinstance(config.algorithm, str) and config.algorithm in algorithm_names()
+    if config.momentum is None:  # the method's: 0 if it brings its own momentum
+        own = known_algorithm and algorithm_class(config.algorithm).own_momentum
+        object.__setattr__(config, "momentum", 0.0 if own else 0.9)
+    problems = list(_problems(config))
+    if known_algorithm:
+        read = _method_settings(config.algorithm)
+        renamed = {old: s.name for s in read.values() for old in s.old_names}
+        for name in settings:
+            if name in read:
+                continue
+            if name in renamed and (strict or name not in readers(name)):
+                problems.insert(0, f"RunConfig.{name}={settings[name]!r} is invalid for "
+                                   f"{config.algorithm}: its setting is now called "
+                                   f"{renamed[name]} (--{renamed[name].replace('_', '-')})")
+            elif strict and (strict_names is None or name in strict_names):
+                who = readers(name)
+                who = ", ".join(who[:-1]) + " or " + who[-1] if len(who) > 1 else who[0]
+                problems.insert(0, f"RunConfig.{name}={settings[name]!r} is not read by "
+                                   f"{config.algorithm}: it is a setting of {who}; drop it "
+                                   "or choose that algorithm")
+    if problems:
+        raise ValueError(problems[0])
 
 
 def _problems(c: RunConfig):
     """Yield one message per invalid field: the field, the value and what is allowed."""
-    from flnotes.algorithms import algorithm_names
+    from flnotes.algorithms import algorithm_class, algorithm_names
     from flnotes.data.multitask import task_parts
     from flnotes.data.registry import composition_problem, dataset_names
 
     def bad(name: str, allowed: str) -> str:
         return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
 
-    # numpy scalars (a grid or a notebook's np.arange) are taken as the Python number they
-    # hold: np.int64(2) is an int here, and the config stays JSON-able.
-    for f in fields(c):
-        value = getattr(c, f.name)
-        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
-            object.__setattr__(c, f.name, value.item())
-    if c.algorithm not in algorithm_names():
+    known_algorithm = isinstance(c.algorithm, str) and c.algorithm in algorithm_names()
+    if not known_algorithm:
         yield bad("algorithm", f"registered algorithms are {algorithm_names()}"
-                  + did_you_mean(c.algorithm, algorithm_names()))
+                  + did_you_mean(str(c.algorithm), algorithm_names()))
+    cls = algorithm_class(c.algorithm) if known_algorithm else None
+    for name in ("dataset", "partition", "backend", "compile", "device"):
+        if not isinstance(getattr(c, name), str):
+            yield bad(name, "must be a string")
+    for name in ("model", "weighting"):
+        if getattr(c, name) is not None and not isinstance(getattr(c, name), str):
+            yield bad(name, "must be a string (or None for the default)")
+    for name in _PATH_FIELDS:
+        value = getattr(c, name)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            yield bad(name, "must be a path (a non-empty string or os.PathLike) or None")
+    for name in ("download", "record_states"):
+        if not isinstance(getattr(c, name), bool):
+            yield bad(name, "must be true or false")
+    if not isinstance(c.dataset, str):
+        return
     parts = task_parts(c.dataset)
     if parts is not None:  # "A+B": tasks for FML's objective heterogeneity (data/multitask.py)
         problem = composition_problem(c.dataset)
         if problem:
             yield bad("dataset", problem)
-        elif c.algorithm != "fml":
+        elif cls is not None and not cls.trains_composed_datasets:
+            composers = [n for n in algorithm_names()
+                         if algorithm_class(n).trains_composed_datasets]
             yield bad("dataset", "a composed dataset gives clients different tasks (FML's "
-                      "objective heterogeneity, Fig. 6); only algorithm='fml' trains on it")
+                      "objective heterogeneity, Fig. 6); only "
+                      f"{' or '.join(f'algorithm={n!r}' for n in composers)} trains on it")
         elif c.partition == "natural":
             yield bad("partition", "a composed dataset splits each task among its clients: "
                       "use iid, dirichlet or shards")
@@ -241,7 +386,7 @@ def _problems(c: RunConfig):
                   + did_you_mean(c.dataset, dataset_names()))
     if c.model is not None and c.model not in model_names():
         yield bad("model", f"registered models are {model_names()}"
-                  + did_you_mean(c.model, model_names()))
+                  + did_you_mean(str(c.model), model_names()))
     elif c.dataset == "toy" and c.model not in (None, "toy"):
         yield bad("model", "the toy dataset trains its own 2-parameter model ('toy'); leave "
                   "model unset (or 'toy')")
@@ -258,8 +403,6 @@ def _problems(c: RunConfig):
         yield bad("compile", "compiles the vmap backend's step; use backend='vmap' or 'auto'")
     if c.weighting is not None and c.weighting not in WEIGHTINGS:
         yield bad("weighting", f"choose one of {list(WEIGHTINGS)} (or None for the default)")
-    if c.mutation not in MUTATIONS:
-        yield bad("mutation", f"choose one of {list(MUTATIONS)}")
     if not isinstance(c.data_options, dict):
         yield bad("data_options", "must be a dict of loader options")
     else:
@@ -269,12 +412,11 @@ def _problems(c: RunConfig):
                 c.dataset]:  # a composed dataset's options go to every task's loader
             yield from data_option_problems(name, c.data_options)
     for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
-                 "eval_every", "eval_batch_size", "checkpoint_every", "beta_rounds",
-                 "shards_per_client"):
+                 "eval_every", "eval_batch_size", "checkpoint_every", "shards_per_client"):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             yield bad(name, "must be a positive integer")
-    for name in ("min_client_size", "stage1_rounds", "segments", "seed", "secure_exchanges"):
+    for name in ("min_client_size", "seed"):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             yield bad(name, "must be a non-negative integer")
@@ -285,94 +427,29 @@ def _problems(c: RunConfig):
     for name in ("lr", "dirichlet_alpha"):
         if not _is_number(getattr(c, name)) or getattr(c, name) <= 0:
             yield bad(name, "must be a positive finite number")
-    for name in ("weight_decay", "mu", "alpha"):
-        value = getattr(c, name)
-        if value is not None and (not _is_number(value) or value < 0):
-            yield bad(name, "must be a non-negative finite number")
-    if c.personal_models is not None:
-        from flnotes.models import model_names as architectures
-
-        names = c.personal_models.split(",") if isinstance(c.personal_models, str) else [None]
-        unknown = [n.strip() for n in names if not n or n.strip() not in architectures()]
-        if unknown or not isinstance(c.personal_models, str):
-            yield bad("personal_models", "one model name or a comma-separated list of "
-                      f"{architectures()}" + did_you_mean(str(unknown[0] if unknown else ""),
-                                                          architectures()))
+    if not _is_number(c.weight_decay) or c.weight_decay < 0:
+        yield bad("weight_decay", "must be a non-negative finite number")
     if not _is_number(c.momentum) or not 0 <= c.momentum < 1:
         yield bad("momentum", "must be in [0, 1)")
-    for name in ("beta0", "qp_prob", "personal_weight", "meme_weight"):
-        value = getattr(c, name)
-        if not _is_number(value) or not 0 <= value <= 1:
-            yield bad(name, "must be in [0, 1]")
+    elif c.momentum != 0 and cls is not None and cls.own_momentum:
+        yield bad("momentum", f"must be 0 for {c.algorithm}: it brings its own momentum "
+                  f"({cls.own_momentum_note}), the local SGD none; leave momentum unset")
     if c.client_test_fraction is not None and (
         not _is_number(c.client_test_fraction) or not 0 <= c.client_test_fraction < 1
     ):
         yield bad("client_test_fraction", "must be in [0, 1) (or None for the default)")
     if not isinstance(c.device, str) or not _valid_device(c.device):
         yield bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    # FedUp-table baselines (issue 12)
-    if not _is_number(c.server_lr) or c.server_lr <= 0:
-        yield bad("server_lr", "must be a positive finite number (1: the clients' mean)")
-    if not _is_number(c.feddyn_alpha) or c.feddyn_alpha < 0:
-        yield bad("feddyn_alpha", "must be a non-negative finite number")
-    for name in ("smoo_alpha", "smoo_rho"):
-        if not _is_number(getattr(c, name)) or getattr(c, name) < 0:
-            yield bad(name, "must be a non-negative finite number")
-    if not _is_number(c.mime_beta) or not 0 <= c.mime_beta < 1:
-        yield bad("mime_beta", "must be in [0, 1)")
-    if not _is_number(c.stem_a) or not 0 < c.stem_a <= 1:
-        yield bad("stem_a", "must be in (0, 1]")
-    if _is_number(c.momentum) and c.momentum != 0 and c.algorithm in algorithm_names():
-        from flnotes.algorithms import algorithm_class
-
-        if algorithm_class(c.algorithm).own_momentum:
-            yield bad("momentum", f"must be 0 for {c.algorithm}: it brings its own momentum "
-                      "(MimeLite: mime_beta, the server's; STEM: stem_a), the local SGD none")
-    if c.moon_mu is not None and (not _is_number(c.moon_mu) or c.moon_mu < 0):
-        yield bad("moon_mu", "must be a non-negative finite number (or None for the default)")
-    if not _is_number(c.moon_tau) or c.moon_tau <= 0:
-        yield bad("moon_tau", "must be a positive finite number")
-    if not isinstance(c.pvr_layers, int) or isinstance(c.pvr_layers, bool) or c.pvr_layers < 0:
-        yield bad("pvr_layers", "must be an integer >= 0 (0: FedAvg; every layer: SCAFFOLD)")
-    # mutation-family baselines (issue 17)
-    for name in ("fedexp_eps", "ntd_tau"):
-        if not _is_number(getattr(c, name)) or getattr(c, name) <= 0:
-            yield bad(name, "must be a positive finite number")
-    for name in ("sam_rho", "asam_eta", "ntd_beta"):
-        value = getattr(c, name)
-        if (value is not None or name != "sam_rho") and (not _is_number(value) or value < 0):
-            yield bad(name, "must be a non-negative finite number"
-                      + (" (or None for the default)" if name == "sam_rho" else ""))
-    if not isinstance(c.fedexp_average, bool):
-        yield bad("fedexp_average", "must be true or false")
-    if not isinstance(c.swa, bool):
-        yield bad("swa", "must be true or false")
-    elif c.swa and c.algorithm not in ("fedsam", "fedasam"):
-        yield bad("swa", "is FedSAM's server-side averaging: use algorithm fedsam or fedasam "
-                  "(fedsam with sam_rho 0 is FedAvg + SWA)")
-    if c.swa_start is not None and (not isinstance(c.swa_start, int)
-                                    or isinstance(c.swa_start, bool) or c.swa_start < 1):
-        yield bad("swa_start", "must be a round number >= 1 (or None: after 75% of the rounds)")
-    if not isinstance(c.swa_cycle, int) or isinstance(c.swa_cycle, bool) or c.swa_cycle < 1:
-        yield bad("swa_cycle", "must be an integer >= 1")
-    if not _is_number(c.swa_lr) or c.swa_lr <= 0:
-        yield bad("swa_lr", "must be a positive finite number")
-    for name in ("fedgen_alpha", "fedgen_beta"):
-        if not _is_number(getattr(c, name)) or getattr(c, name) < 0:
-            yield bad(name, "must be a non-negative finite number (0 turns the term off)")
-    if not _is_number(c.fedgen_lr) or c.fedgen_lr <= 0:
-        yield bad("fedgen_lr", "must be a positive finite number")
-    for name, low in (("fedgen_steps", 0), ("fedgen_batch", 1)):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            yield bad(name, f"must be an integer >= {low}")
-    if c.clusamp_distance not in ("cosine", "l1", "l2"):
-        yield bad("clusamp_distance", "must be one of cosine, l1, l2")
-    if not isinstance(c.clusamp_sketch, int) or isinstance(c.clusamp_sketch, bool) \
-            or c.clusamp_sketch < 0:
-        yield bad("clusamp_sketch", "must be a non-negative integer (0: whole updates)")
-    elif c.clusamp_sketch > 0 and c.clusamp_distance == "l1":
-        yield bad("clusamp_sketch", "a count sketch keeps cosine and l2 distances, not l1")
+    # Each given method setting against its declaration (the chosen method's, if it reads
+    # it), then the chosen method's own checks across its settings.
+    for name, value in c.method_settings.items():
+        declared = _declarations(name)
+        setting = declared.get(c.algorithm) or next(iter(declared.values()))
+        problem = setting.problem(value)
+        if problem:
+            yield bad(name, problem)
+    if cls is not None:
+        yield from cls.config_problems(c)
 
 
 def _is_number(value: Any) -> bool:

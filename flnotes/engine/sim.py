@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from flnotes.algorithms import build_strategy
+from flnotes.algorithms import algorithm_class, build_strategy, settings_of
 from flnotes.engine.backends import train_clients
 from flnotes.engine.history import History, code_version, environment_info
 from flnotes.engine.state import clone_state, state_is_finite
@@ -275,13 +275,9 @@ def run(config, *, progress: bool = True, task=None,
 
 
 def ignored_settings(config) -> list[str]:
-    """Warnings for settings a run would silently not use (the command line prints them)."""
-    lines = []
-    if config.algorithm == "fedmr" and config.stage1_rounds >= config.rounds:
-        lines.append(f"warning: FedMR's stage1_rounds={config.stage1_rounds} is not below "
-                     f"rounds={config.rounds}: every round of this run is plain FedAvg, with "
-                     "no recombination (lower --stage1-rounds or raise --rounds)")
-    return lines
+    """Warnings for settings a run would silently not use (the command line prints them):
+    the method's own (``Strategy.config_warnings``)."""
+    return list(algorithm_class(config.algorithm).config_warnings(config))
 
 
 def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
@@ -446,10 +442,12 @@ def _os_reason(err: OSError) -> str:
 def _differences(stored: dict, wanted: dict, defaults: dict) -> list[str]:
     """'field: stored != wanted' for each result setting that differs.
 
-    A field one side lacks counts as its default (a folder written before the field existed).
+    The settings compared are the wanted run's: the common fields and its method's own (a
+    folder written before settings belonged to methods also holds every other method's, which
+    this run never reads). A field the folder lacks counts as its default.
     """
     out = []
-    for k in sorted(set(stored) | set(wanted)):
+    for k in sorted(wanted):
         if k in RESUMABLE_CHANGES:
             continue
         a, b = stored.get(k, defaults.get(k)), wanted.get(k, defaults.get(k))
@@ -459,10 +457,13 @@ def _differences(stored: dict, wanted: dict, defaults: dict) -> list[str]:
 
 
 def _field_defaults(config) -> dict:
+    """Each field's default for this config's method: common fields and its settings."""
     import dataclasses
 
-    return {f.name: f.default for f in dataclasses.fields(config)
-            if f.default is not dataclasses.MISSING}
+    values = {f.name: f.default for f in dataclasses.fields(config)
+              if f.default is not dataclasses.MISSING}
+    values.update((n, s.default) for n, s in settings_of(config.algorithm).items())
+    return values
 
 
 def _read_json(path: Path, what: str = "") -> dict:

@@ -116,7 +116,7 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
         start = record_state(message.content["arrays"], device)
         anchor = (record_state(message.content["anchor"], device)
                   if "anchor" in message.content else {})
-        fml = strategy.name == "fml"
+        fml = strategy.keeps_personal_models
         key = PERSONAL.format(client=client)
         if fml:  # this node's personal model, and no other node's (the strategy is shared)
             strategy.personal = ({client: record_state(context.state[key], device)}

@@ -16,15 +16,19 @@ from collections.abc import Mapping
 import torch
 from flwr.app import ArrayRecord
 
-from flnotes.algorithms import algorithm_names
+from flnotes.algorithms import algorithm_class, algorithm_names
 from flnotes.config import RunConfig
 from flnotes.engine.tasks import build_task
 
-# Methods whose round splits into server (dispatch, aggregate) and client (local training
-# from the start state and the config alone, or with a server-sent anchor): the seed methods,
-# Indep, and the baselines whose clients keep no state the server reads back.
-SUPPORTED = ("fedavg", "fedprox", "fedmut", "fedqp", "fedmr", "indep", "fedup", "fml",
-             "fedexp", "fedsam", "fedasam", "fedntd", "clusamp")
+
+def supported() -> list[str]:
+    """Methods whose round splits into server (dispatch, aggregate) and client (local
+    training from the start state and the config alone, or with a server-sent anchor): those
+    whose clients keep no state the server reads back (``Strategy.runs_on_flower``)."""
+    return [n for n in algorithm_names() if algorithm_class(n).runs_on_flower]
+
+
+SUPPORTED = tuple(supported())  # the built-in ones, derived when flnotes.flower is imported
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -34,9 +38,10 @@ APP_KEYS = ("dtype", "timeout")
 
 def check_supported(algorithm: str) -> None:
     """ValueError (one line) for a method not offered on Flower."""
-    if algorithm in SUPPORTED:
+    offered = supported()
+    if algorithm in offered:
         return
-    choose = f"on Flower choose one of {', '.join(SUPPORTED)}"
+    choose = f"on Flower choose one of {', '.join(offered)}"
     if algorithm in algorithm_names():
         raise ValueError(f"algorithm {algorithm!r} is not offered on Flower: its clients keep "
                          f"state the server reads back (see flnotes.flower); {choose}")
@@ -58,7 +63,7 @@ def config_from_run_config(values: Mapping) -> tuple[RunConfig, dict]:
     a dict field (``data-options``) is a JSON string, since Flower's values are scalars.
     ``dtype`` and ``timeout`` are the apps' own. A field left out takes RunConfig's default.
     """
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}  # dict-valued: data_options
     config, app = {}, {}
     for key, value in values.items():
         name = key.replace("-", "_")
@@ -72,6 +77,8 @@ def config_from_run_config(values: Mapping) -> tuple[RunConfig, dict]:
                 raise ValueError(f"run config {key} = {value!r} is not a JSON object "
                                  f"({err.msg})") from None
         config[name] = value
+    # An app's config is a template for several methods (stage1-rounds for FedMR beside
+    # algorithm = "fedmut"), as a preset is: settings the method does not read are not used.
     run_config = RunConfig.from_dict(config)
     check_supported(run_config.algorithm)
     check_dtype(app.get("dtype", "float32"))

@@ -63,7 +63,7 @@ class FlowerStrategy(FlwrStrategy):
             self.sim.release()
             raise ValueError(f"run folder {config.run_dir} holds a run already; a Flower run "
                              "starts from round 1: choose another run_dir")
-        if self.sim.strategy.name == "fml":
+        if self.sim.strategy.keeps_personal_models:
             # The personal models live on the clients (context.state), not in this process;
             # their accuracy arrives in the replies' metrics instead of round_metrics.
             self.sim.strategy.round_metrics = lambda task: {}

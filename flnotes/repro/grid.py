@@ -333,9 +333,9 @@ def _config_problems(cells: list[Cell], notebook: Path, fixed: dict, axes: dict,
     """Each cell's runs through RunConfig (what the notebook would build), before anything
     runs: one line per problem, naming the first cell, where the value came from and
     RunConfig's message."""
-    from flnotes.config import RunConfig
+    from flnotes.config import RunConfig, field_names
 
-    fields = set(RunConfig.from_dict({}).to_dict())
+    fields = set(field_names())  # common fields and every method's settings
     defaults = _notebook_defaults(notebook)
     keywords = _runconfig_keywords(notebook)
     checked: dict[str, str | None] = {}

@@ -3,7 +3,7 @@
 The setting of a cell is the paper-scale expansion of the table's grid in sweeps/ (its
 preset, then the cell's values). :func:`flnotes.repro.tables.compare` marks a cell whose runs
 differ in a field every method depends on (:data:`SETTING_FIELDS`), in the partition's own
-field, or in a field the run's algorithm reads (:data:`ALGORITHM_FIELDS`), so a FedAvg run
+field, or in a setting the run's algorithm reads (:func:`algorithm_fields`), so a FedAvg run
 is not flagged for an unused FedMut alpha.
 """
 
@@ -18,17 +18,19 @@ from flnotes.repro.grid import load_grid
 from flnotes.repro.paper_tables import KEY, run_labels
 
 SWEEP_DIR = REPO_ROOT / "sweeps"
-# Fields every method's result depends on; ALGORITHM_FIELDS adds those one method reads, so a
-# FedAvg run is not flagged for an unused FedMut alpha.
+# Fields every method's result depends on; algorithm_fields adds those one method reads, so
+# a FedAvg run is not flagged for an unused FedMut alpha.
 SETTING_FIELDS = ("dataset", "model", "partition", "rounds", "num_clients", "clients_per_round",
                   "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "weighting",
                   "client_test_fraction", "data_options", "min_client_size")
 PARTITION_FIELDS = {"dirichlet": ("dirichlet_alpha",), "shards": ("shards_per_client",)}
-ALGORITHM_FIELDS = {"fedprox": ("mu",),
-                    "fedmut": ("alpha", "beta0", "beta_rounds", "mutation"),
-                    "fedqp": ("alpha", "beta0", "beta_rounds", "qp_prob", "mutation"),
-                    "fedmr": ("stage1_rounds", "segments"),
-                    "fml": ("personal_weight", "meme_weight"), "fedup": ("alpha",)}
+
+
+def algorithm_fields(algorithm: str | None) -> tuple[str, ...]:
+    """The settings a run of ``algorithm`` reads (its declarations); () for an unknown name."""
+    from flnotes.algorithms import algorithm_names, settings_of
+
+    return tuple(settings_of(algorithm)) if algorithm in algorithm_names() else ()
 
 
 def paper_settings(table: str, sweep_dir: Path = SWEEP_DIR) -> dict[tuple, dict]:
@@ -68,7 +70,7 @@ def setting_differences(configs: list[dict], paper: dict | None) -> list[str]:
         return list(dict.fromkeys(notes))
     for config in configs:
         fields = SETTING_FIELDS + PARTITION_FIELDS.get(paper.get("partition"), ()) \
-            + ALGORITHM_FIELDS.get(config.get("algorithm"), ())
+            + algorithm_fields(config.get("algorithm"))
         for name in fields:
             # A field the run folder does not record (an older version's) is not checked.
             if name not in paper or paper[name] is None or name not in config \

@@ -20,13 +20,49 @@ DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "shakespeare":
 MODEL_LABELS = {"cnn": "CNN", "resnet18": "ResNet-18", "resnet18-gn": "ResNet18",
                 "resnet20": "ResNet-20", "vgg16": "VGG-16", "lstm": "LSTM", "lstm-100": "LSTM",
                 "mlp": "MLP", "lenet5": "LeNet5", "femnist-cnn": "CNN"}
-METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedmut": "FedMut", "fedqp": "FedQP",
-                 "fedmr": "FedMR", "fml": "FML", "fedup": "FedUp", "indep": "Indep",
-                 # the baselines, as the papers' tables print them
-                 "fedgen": "FedGen", "clusamp": "CluSamp", "fedntd": "FedNTD",
-                 "fedexp": "FedExP", "fedsam": "FedSAM", "fedasam": "FedASAM",
-                 "scaffold": "SCAFFOLD", "moon": "MOON", "feddyn": "FedDyn",
-                 "mimelite": "MimeLite", "stem": "STEM", "fedsmoo": "FedSMOO", "fedpvr": "FedPVR"}
+
+
+class _MethodLabels(dict):
+    """Registry name -> the method's name in the papers' tables (``Strategy.label``), read
+    from the registry when first asked, so a method registered later has its label too."""
+
+    def _fill(self) -> None:
+        from flnotes.algorithms import algorithm_class, algorithm_names
+
+        for name in algorithm_names():
+            if name not in dict.keys(self):
+                dict.__setitem__(self, name, algorithm_class(name).label or name)
+
+    def __getitem__(self, name):
+        self._fill()
+        return dict.__getitem__(self, name)
+
+    def get(self, name, default=None):
+        self._fill()
+        return dict.get(self, name, default)
+
+    def __contains__(self, name) -> bool:
+        self._fill()
+        return dict.__contains__(self, name)
+
+    def items(self):
+        self._fill()
+        return dict.items(self)
+
+    def values(self):
+        self._fill()
+        return dict.values(self)
+
+    def keys(self):
+        self._fill()
+        return dict.keys(self)
+
+    def __iter__(self):
+        self._fill()
+        return dict.__iter__(self)
+
+
+METHOD_LABELS = _MethodLabels()
 
 
 def heterogeneity_label(config: dict) -> str:

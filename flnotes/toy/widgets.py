@@ -202,7 +202,22 @@ class Scene:
         return background
 
 
-MUTATION_METHODS = ("fedmut", "fedqp")  # the methods whose alpha/beta0 the sliders set
+# The reference every explorer compares a method with (its panel, its side of the race).
+BASELINE = "fedavg"
+
+
+def reads(method: str, *settings: str) -> bool:
+    """True when ``method`` declares every one of ``settings`` (so a slider for them applies)."""
+    from flnotes.algorithms import settings_of
+
+    return set(settings) <= set(settings_of(method))
+
+
+def readers_text(setting: str) -> str:
+    """'fedmut, fedqp': the methods that read a setting, for a disabled control's reason."""
+    from flnotes.algorithms import readers
+
+    return ", ".join(readers(setting))
 
 
 def _slider(value: float, lo: float, hi: float, step: float, description: str) -> W.FloatSlider:
@@ -347,11 +362,11 @@ class TrainingScene(Scene):
     per client shift; a move redraws the trajectories and titles."""
 
     def key(self, values: dict):
-        return float(values["shift"]), values["algorithm"] == "fedavg"
+        return float(values["shift"]), values["algorithm"] == BASELINE
 
     def build(self, values: dict, pyplot: bool):
         fed = make_federation("fedmut-fig1", shift=float(values["shift"]))
-        panels = 1 if values["algorithm"] == "fedavg" else 2
+        panels = 1 if values["algorithm"] == BASELINE else 2
         return plots.TrajectoryFigure(fed.global_loss, panels, federation=fed, pyplot=pyplot)
 
     def update(self, drawing, values: dict) -> None:
@@ -363,10 +378,10 @@ def training_runs(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                   start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> dict:
     """{title: trajectory points} of FedAvg and ``algorithm`` from the same start and seed."""
     runs = {}
-    for name in dict.fromkeys(["fedavg", algorithm]):
-        # alpha and beta0 are the mutation's range and preference: only FedMut/FedQP get them
-        # (FedUp's alpha is another setting, a penalty weight, and keeps its default).
-        mutation = (float(alpha), float(beta0)) if name in MUTATION_METHODS else None
+    for name in dict.fromkeys([BASELINE, algorithm]):
+        # alpha and beta0 are the mutation's range and preference: only the methods that
+        # declare them (FedMut, FedQP) get them.
+        mutation = (float(alpha), float(beta0)) if reads(name, "alpha", "beta0") else None
         final, points = _toy_run(name, float(lr), int(rounds), float(shift), float(start_x),
                                  float(start_y), int(seed), mutation)
         where = "flat" if final.get("accuracy") else "not flat"
@@ -419,9 +434,10 @@ def training_explorer(**defaults) -> Explorer:
     }
     def idle(values: dict) -> dict[str, str]:
         method = values["algorithm"]
-        if method in MUTATION_METHODS:
+        if reads(method, "alpha", "beta0"):
             return {}
-        why = f"{method} has no mutation: alpha and beta0 are FedMut's and FedQP's"
+        why = (f"{method} has no mutation: alpha and beta0 are settings of "
+               f"{readers_text('alpha')}")
         return {"alpha": why, "beta0": why}
 
     scene = TrainingScene()
@@ -475,8 +491,8 @@ def draw_race(algorithm: str = "fedqp", alpha: float = 4.0, lr: float = 0.1, rou
               seeds: int = 10, options: Mapping | None = None) -> Figure:
     """Where FedAvg's and one method's final models end over a few seeds (a mini race).
 
-    ``alpha`` is FedMut's/FedQP's mutation range and goes to those methods only (FedUp's
-    alpha, a penalty weight, keeps its default); ``options`` are further toy-config
+    ``alpha`` is the mutation range and goes only to the methods that declare it (FedMut,
+    FedQP); ``options`` are further toy-config
     overrides (clients, start, ...).
     """
     import json
@@ -484,8 +500,8 @@ def draw_race(algorithm: str = "fedqp", alpha: float = 4.0, lr: float = 0.1, rou
     options = dict(options or {})
     frozen = json.dumps(options, sort_keys=True)  # hashable, for the cache below
     # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
-    mutation = float(alpha) if algorithm in MUTATION_METHODS else None
-    rows = (_race_rows("fedavg", int(seeds), float(lr), int(rounds), None, frozen)
+    mutation = float(alpha) if reads(algorithm, "alpha") else None
+    rows = (_race_rows(BASELINE, int(seeds), float(lr), int(rounds), None, frozen)
             + _race_rows(algorithm, int(seeds), float(lr), int(rounds), mutation, frozen))
     fed = make_federation("fedmut-fig1", num_clients=options.get("num_clients", 2))
     return plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=2)
@@ -512,7 +528,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
 
     d = {"algorithm": "fedqp", "alpha": 4.0, "lr": 0.1, "rounds": 15, "seeds": 10, **defaults}
     controls = {
-        "algorithm": W.Dropdown(options=[n for n in algorithm_names() if n != "fedavg"],
+        "algorithm": W.Dropdown(options=[n for n in algorithm_names() if n != BASELINE],
                                 value=d["algorithm"], description="method"),
         "alpha": _slider(d["alpha"], 0.0, 8.0, 0.5, "alpha"),
         "lr": _slider(d["lr"], 0.01, 0.2, 0.01, "learning rate"),
@@ -523,11 +539,10 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
     }
     def idle(values: dict) -> dict[str, str]:
         method = values["algorithm"]
-        if method in MUTATION_METHODS:
+        if reads(method, "alpha"):
             return {}
-        return {"alpha": f"alpha is FedMut's and FedQP's mutation range; {method} has none"
-                         + (" (FedUp's alpha is a penalty weight: another setting)"
-                            if method == "fedup" else "")}
+        return {"alpha": f"alpha is the mutation range of {readers_text('alpha')}; {method} "
+                         "has none"}
 
     return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
                     idle=idle)
