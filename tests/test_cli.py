@@ -73,7 +73,8 @@ def test_default_run_folder_names_the_settings_but_not_rounds():
     assert name.startswith("fedprox-synthetic-dirichlet-seed0-") and len(name.split("-")[-1]) == 6
     assert default_run_name(config.replace(mu=1.0)) != name
     # What may change on resuming (sim.RESUMABLE_CHANGES) keeps the folder.
-    assert default_run_name(config.replace(rounds=500, device="cpu", checkpoint_every=3)) == name
+    assert default_run_name(config.replace(rounds=500, device="cpu", checkpoint_every=3,
+                                           data_dir="/elsewhere")) == name
     seeds = default_run_name(config, seeds=True)
     assert seeds == name.replace("-seed0-", "-seeds-")  # same digest: same settings
 

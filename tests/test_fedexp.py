@@ -111,3 +111,26 @@ def test_runs_on_the_toy():
     history = run(config, progress=False)
     assert history.status == "completed"
     assert all(row["server_step"] >= 1 for row in history.rows)
+
+
+def test_the_seed_codes_fedexp_step_is_its_formula_by_hand():
+    """The seed papers' FedExP (Training_FedExP.py l.83): eta_g = max(1, 0.5 * sum_i p_i
+    ||Delta_i||^2 / (||Delta_bar||^2 + M * 0.1)), with M the round's clients; the default
+    keeps the FedExP paper's eps (added once)."""
+    start = [0.0, 0.0, 0.0]
+    locals_ = [[3.0, 0.0, 0.0], [-3.0, 0.2, 0.0], [0.1, -2.0, 1.0]]
+    results = [ClientResult(i, as_state(w), 10, 0.0) for i, w in enumerate(locals_)]
+    m = len(locals_)
+    spread = sum(sum(x * x for x in w) for w in locals_) / m
+    mean = [sum(col) / m for col in zip(*locals_, strict=True)]
+    mean_sq = sum(x * x for x in mean)
+    seed_code = max(1.0, 0.5 * spread / (mean_sq + m * 0.1))
+    paper = max(1.0, 0.5 * spread / (mean_sq + 0.1))
+    assert seed_code != pytest.approx(paper)  # the two readings differ on these updates
+    for per_client, expected in ((True, seed_code), (False, paper)):
+        config = RunConfig(algorithm="fedexp", weighting="uniform", fedexp_eps=0.1,
+                           fedexp_eps_per_client=per_client)
+        strategy = FedExP(config, as_state(start))
+        strategy.aggregate(1, results)
+        assert strategy.round_metrics(None)["server_step"] == pytest.approx(expected, rel=1e-12)
+    assert RunConfig(algorithm="fedexp").fedexp_eps_per_client is False  # FedExP's own paper

@@ -17,6 +17,7 @@ from flnotes.algorithms.fedgen import (
     FedGen,
     diversity_loss,
     head_name,
+    teacher_loss,
 )
 from flnotes.config import RunConfig
 from flnotes.engine.sim import run
@@ -205,3 +206,68 @@ def test_vmap_backend_falls_back_to_the_loop(tiny_config):
 def test_bad_settings_are_one_line_errors(field, value):
     with pytest.raises(ValueError, match=field):
         RunConfig(algorithm="fedgen", **{field: value})
+
+
+def test_teacher_weightings_against_the_paper_and_the_seed_codes_broadcast():
+    """per-sample is eq. 4; mean-product is the seed code's torch.mean(CE * w) with CE of shape
+    (B,) and w of shape (B, 1) (Training_FedGen.py l.176-178), written here as that code does."""
+    g = torch_generator(3, "teacher")
+    logits, labels = torch.randn(6, 4, generator=g), torch.tensor([0, 1, 1, 3, 2, 0])
+    shares = torch.tensor([0.1, 0.7, 0.7, 0.2, 0.5, 0.1])
+    ce = torch.stack([-F.log_softmax(logits[i], 0)[labels[i]] for i in range(6)])
+    per_sample = sum(ce[i] * shares[i] for i in range(6)) / 6
+    broadcast = torch.mean(ce * shares.reshape(-1, 1))  # (B,) * (B, 1) -> (B, B)
+    assert teacher_loss(logits, labels, shares, "per-sample") == pytest.approx(float(per_sample))
+    assert teacher_loss(logits, labels, shares, "mean-product") == pytest.approx(
+        float(broadcast))
+    assert float(broadcast) == pytest.approx(float(ce.mean() * shares.mean()))
+    assert float(per_sample) != pytest.approx(float(broadcast))  # unequal shares: they differ
+    same = torch.full((6,), 0.4)  # one share for every label: the readings agree
+    assert teacher_loss(logits, labels, same, "per-sample") == pytest.approx(
+        float(teacher_loss(logits, labels, same, "mean-product")))
+
+
+def test_defaults_follow_the_fedgen_code_and_paper_the_seed_variant_its_code():
+    default = RunConfig(algorithm="fedgen")
+    assert (default.fedgen_decay, default.fedgen_noise, default.fedgen_fresh_optimizer,
+            default.fedgen_ratio_scaling, default.fedgen_label_counts,
+            default.fedgen_teacher_weighting) == (0.98, "gaussian", False, True, "steps",
+                                                  "per-sample")
+    seed = RunConfig.from_preset("fedmut-official", algorithm="fedgen")
+    assert (seed.fedgen_alpha, seed.fedgen_beta, seed.fedgen_decay, seed.fedgen_noise,
+            seed.fedgen_noise_dim, seed.fedgen_fresh_optimizer, seed.fedgen_server_batch,
+            seed.fedgen_batch, seed.fedgen_ratio_scaling, seed.fedgen_label_counts,
+            seed.fedgen_teacher_weighting) == (0.2, 0.2, 1.0, "uniform", 100, True, 128, 128,
+                                               False, "data", "mean-product")
+
+
+def test_seed_code_variant_constant_weights_fresh_adam_data_shares_uniform_noise():
+    config = RunConfig(algorithm="fedgen", dataset="synthetic", model="mlp", batch_size=8,
+                       local_epochs=3, fedgen_decay=1.0, fedgen_fresh_optimizer=True,
+                       fedgen_label_counts="data", fedgen_noise="uniform", fedgen_noise_dim=7,
+                       fedgen_server_batch=16, fedgen_steps=3, fedgen_lr=1e-2,
+                       fedgen_ratio_scaling=False)
+    strategy = FedGen(config, hand_state(4, 6, 0))
+    assert strategy.generator.noise_dim == 7
+    assert strategy.weights_at(2) == strategy.weights_at(40) == (10.0, 10.0)  # no decay
+    noise = strategy._noise(500, torch_generator(0, "n"), torch.zeros(1))
+    assert noise.min() >= 0 and noise.max() < 1 and abs(float(noise.mean()) - 0.5) < 0.05
+    # Shares from the data: three epochs of steps over labels (2, 0, 1, 1) count each thrice.
+    term = strategy.batch_loss(1, 5)
+    targets = torch.tensor([2, 0, 1, 1])
+    for _ in range(3):
+        term(None, None, targets, None)
+    strategy.label_counts[6] = torch.tensor([9.0, 0.0, 0.0, 27.0])  # three epochs' steps
+    results = [ClientResult(c, hand_state(4, 6, c), 10, 0.0) for c in (5, 6)]
+    weights, qualified = strategy.label_weights(results)
+    # client 5's data holds labels 0, 1, 1, 2; client 6's three 0s and nine 3s
+    assert torch.allclose(weights.float(), torch.tensor([[0.25, 0.75], [1.0, 0.0], [1.0, 0.0],
+                                                         [0.0, 1.0]]))
+    assert qualified.tolist() == [0, 1, 3]  # seen more than once by some client (its data)
+    # A new Adam each round: moments start over and the learning rate stays.
+    for round in (1, 2):
+        strategy.label_counts = {5: torch.full((4,), 6.0), 6: torch.full((4,), 6.0)}
+        strategy.train_generator(round, results)
+        assert strategy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
+        steps = {int(s["step"]) for s in strategy.optimizer.state.values()}
+        assert steps == {3}

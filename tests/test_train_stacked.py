@@ -48,8 +48,8 @@ def test_stacked_step_equals_loop_in_float64(model, shrink):
 def test_batched_fml_equals_loop_in_float64():
     task = random_task("cnn", 3, 36, torch.float64)
     task.client_test_indices = [torch.arange(2, device=DEVICE)] * 3  # FML's held-out rows
-    config = RunConfig(**{**BASE, "algorithm": "fml", "personal_weight": 0.3,
-                          "meme_weight": 0.6}).resolved()
+    config = RunConfig.from_dict({**BASE, "algorithm": "fml", "personal_weight": 0.3,
+                                  "meme_weight": 0.6}).resolved()
     starts = client_starts(task, 3)
     loop_fml, batched_fml = build_strategy(config, starts[0]), build_strategy(config, starts[0])
     clients = [1, 2, 0]
@@ -75,7 +75,7 @@ def test_a_reused_task_never_trains_with_an_old_strategys_step(monkeypatch):
         monkeypatch.setattr(module, "id", lambda obj: 0, raising=False)
     task = random_task("cnn", 3, 36, torch.float64)
     starts = client_starts(task, 3)
-    fedavg = RunConfig(**{**BASE, "algorithm": "fedavg"}).resolved()
+    fedavg = RunConfig.from_dict({**BASE, "algorithm": "fedavg"}).resolved()  # mu left out
     first = build_strategy(fedavg, starts[0])
     train_clients_vmap(task, first, 1, [0, 1, 2], starts, fedavg)
     config = RunConfig(**{**BASE, "mu": 10.0}).resolved()  # a penalty that shows

@@ -22,7 +22,8 @@ def compare(model: str, dtype, chunk_size=None, **overrides):
     values = dict(algorithm="fedprox", mu=0.1, num_clients=k, clients_per_round=k,
                   local_epochs=2, batch_size=4, lr=0.05, momentum=0.9, weight_decay=1e-3,
                   device=DEVICE)
-    config = RunConfig(**{**values, **overrides}).resolved()
+    # mu is FedProx's: a comparison under another algorithm leaves it out (from_dict)
+    config = RunConfig.from_dict({**values, **overrides}).resolved()
     starts = client_starts(task, k)
     strategy = build_strategy(config, starts[0])
     clients = [2, 0, 1]

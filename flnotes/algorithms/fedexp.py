@@ -18,9 +18,16 @@ Decisions where the paper leaves room:
 - Weights: p_i as ``config.weighting`` says (samples by default). The authors' code weights by
   data size (normalised over the sampled clients), as here; the paper writes the uniform case.
 - eps: the paper's form, default 1e-3 (the authors' value for CIFAR-10/100 and CINIC-10; 0.1
-  for EMNIST). The authors' code adds M * eps, not eps, to ||Delta_bar||^2 and decays eps by
-  0.998^2 a round together with its local learning rate; the toolkit's local learning rate
-  is constant, so eps is too. To match the code's denominator set ``fedexp_eps`` = M x 1e-3.
+  for EMNIST). The FedExP authors' code adds M * eps, not eps, to ||Delta_bar||^2 and decays
+  eps by 0.998^2 a round together with its local learning rate; the toolkit's local learning
+  rate is constant, so eps is too. ``fedexp_eps_per_client=True`` adds M x ``fedexp_eps``,
+  the code's denominator.
+- The seed papers' FedExP (the FedMR authors' repository, Algorithm/Training_FedExP.py l.83:
+  ``eta_g = 0.5 * grad_norm_avg / (grad_avg_norm + m * 0.1)``) adds M x 0.1 = 1.0 for 10
+  clients; on CIFAR-10 with their LeNet the mean update's squared norm is far below that, so
+  eta_g = 1 in every round and their tables' "FedExP" is FedAvg evaluated at the mean of its
+  last two iterates. Preset values ``fedexp_eps=0.1, fedexp_eps_per_client=True`` (the
+  ``*-official`` presets) reproduce it; the ``*-paper`` presets keep FedExP's own 1e-3.
 - The evaluated (and returned, and saved) model is the mean of the last two iterates,
   (w_t + w_(t-1)) / 2, as the paper does (Sec. 5: the iterates oscillate around the
   minimum) and the code evaluates; training continues from the extrapolated iterate w_t,
@@ -42,6 +49,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import is_float_layer, weighted_mean
 
 StateDict = OrderedDict[str, torch.Tensor]
@@ -73,6 +81,17 @@ class FedExP(Strategy):
     """FedAvg with FedExP's adaptive server extrapolation."""
 
     name = "fedexp"
+    label = "FedExP"
+    settings = (
+        Setting("fedexp_eps", 1e-3, "FedExP: eps in the server step size max(1, sum "
+                "p_i|D_i|^2 / 2(|D|^2 + eps))", source="FedExP (Jhunjhunwala et al. 2023) "
+                "eq. 9; 1e-3, its CIFAR value", minimum=0, open_minimum=True),
+        Setting("fedexp_eps_per_client", False, "FedExP: add eps once per sampled client "
+                "(M x eps) to ||mean update||^2, as the authors' and the seed papers' code do",
+                source="FedExP authors' code; seed code Training_FedExP.py l.83 (eps 0.1)"),
+        Setting("fedexp_average", True, "FedExP: evaluate and return the mean of the last "
+                "two server iterates", source="FedExP Sec. 5 (averaging the last iterates)"),
+    )
     default_weighting = "samples"
 
     def __init__(self, config, global_state) -> None:
@@ -95,8 +114,9 @@ class FedExP(Strategy):
         """w_(t+1) = w_t + eta_g Delta_bar; the global model is the last two iterates' mean."""
         states = [r.state for r in results]
         mean = self.average(results)
-        step = server_step_size(self.iterate, states, self.weights(results),
-                                self.config.fedexp_eps)
+        eps = self.config.fedexp_eps * (len(results) if self.config.fedexp_eps_per_client
+                                        else 1)
+        step = server_step_size(self.iterate, states, self.weights(results), eps)
         if step == 1.0:
             new = mean  # FedAvg's mean itself, bit for bit
         else:

@@ -36,8 +36,8 @@ Decisions where the paper leaves room (the authors' code, zhuangdizhu/FedGen):
   weight decay 1e-2, lr x 0.98 per round, 50 generator steps per round (ensemble_epochs
   50 = 10 x 5 teacher iterations) of the clients' batch size; alpha = beta = 10 (its
   MNIST values), B_g = 32; ensemble_alpha = eta = 1, beta = 0 (no adversarial student term).
-- The server's teacher loss has two readings, and flnotes takes the first (the default;
-  there is no setting for the other):
+- The server's teacher loss has two readings, and flnotes takes the first by default
+  (``fedgen_teacher_weighting``: ``per-sample`` or ``mean-product``):
   (a) per sample, the paper's eq. 4: mean_i [ w_k(y_i) CE(h_k(G(y_i)), y_i) ], each
       generated sample's cross-entropy weighted by its own label's share;
   (b) the product of means, what the authors' code (serverpFedGen.train_generator) and
@@ -55,6 +55,20 @@ Decisions where the paper leaves room (the authors' code, zhuangdizhu/FedGen):
   trained yet. With alpha = beta = 0 no term is added at all: FedAvg bit for bit.
 - A model without a classifier head (the 2-D toy, two numbers) has nothing to generate
   for: FedGen trains as FedAvg there, and says so once.
+- The seed code: the seed papers' FedGen baseline (the FedMR authors' repository, read side
+  by side; line numbers of that repository) differs from the authors' FedGen code and from
+  the defaults above, and each of its choices is a setting (the ``*-official`` presets set
+  them all):
+  alpha = beta = 0.2 on CIFAR-10 (utils/model_config.py l.81-82), never decayed
+  (``fedgen_decay=1``); noise uniform on [0, 1) with 100 numbers (models/generator.py l.72,
+  CNN_GENERATORCONFIGS: ``fedgen_noise="uniform"``, ``fedgen_noise_dim=100``); a new Adam
+  every round at a constant learning rate (Algorithm/Training_FedGen.py l.147:
+  ``fedgen_fresh_optimizer=True``); 128 generated samples per server step and per client
+  step, its --bs "test batch size" (l.157 and models/Update.py l.397:
+  ``fedgen_server_batch=128``, ``fedgen_batch=128``) with gen_ratio = bs / bs = 1
+  (models/Update.py l.407: ``fedgen_ratio_scaling=False``); label shares from each client's
+  whole data, not from its steps (read_user_data, l.41: ``fedgen_label_counts="data"``); the
+  teacher loss's broadcast (l.176-178: ``fedgen_teacher_weighting="mean-product"``).
 - Random streams: the server's from (seed, round), each client's from (seed, round,
   client), so a resumed run repeats the uninterrupted one; G, its Adam state and learning
   rate are in the checkpoint.
@@ -103,6 +117,20 @@ class FeatureGenerator(nn.Module):
         return self.out(self.hidden(torch.cat([noise, onehot], dim=1)))
 
 
+def teacher_loss(logits: torch.Tensor, labels: torch.Tensor, shares: torch.Tensor,
+                 weighting: str) -> torch.Tensor:
+    """One client head's term of the server's teacher loss on generated features.
+
+    ``per-sample`` (eq. 4): mean_i w(y_i) CE_i. ``mean-product``: the authors' and the seed
+    code's ``torch.mean(CE * w)`` with CE of shape (B,) and w of shape (B, 1), a (B, B)
+    broadcast whose mean is mean_i CE_i x mean_j w(y_j).
+    """
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    if weighting == "per-sample":
+        return (ce * shares).mean()
+    return ce.mean() * shares.mean()
+
+
 def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     """exp(-mean_{i,j} d2(eps_i, eps_j) d1(z_i, z_j)); d2 mean squared, d1 mean absolute."""
     noise_dist = (noise[:, None, :] - noise[None, :, :]).pow(2).mean(dim=2)
@@ -129,6 +157,34 @@ class FedGen(Strategy):
                 minimum=0, source="the authors' code (10 x 5)"),
         Setting("fedgen_batch", 32, "FedGen: generated samples per local step", minimum=1,
                 source="the authors' code's gen_batch_size"),
+        # The seed papers' FedGen (the FedMR authors' repository) chose otherwise; each of
+        # these settings reaches its choice (module docstring, "seed code").
+        Setting("fedgen_decay", LR_DECAY, "FedGen: per-round decay of alpha_t, beta_t and the "
+                "generator's learning rate (1: constant)", minimum=0, maximum=1,
+                open_minimum=True, source="the authors' code's 0.98; seed code: constant (1)"),
+        Setting("fedgen_noise", "gaussian", "FedGen: the generator's noise, N(0, I) or "
+                "uniform on [0, 1)", choices=("gaussian", "uniform"),
+                source="FedGen Sec. 3.2 (Gaussian); both codes draw torch.rand (uniform)"),
+        Setting("fedgen_noise_dim", 0, "FedGen: noise numbers per generated sample (0: 64 "
+                "for colour images, 32 otherwise)", minimum=0,
+                source="the authors' code's CIFAR/MNIST generators; seed code 100"),
+        Setting("fedgen_fresh_optimizer", False, "FedGen: a new Adam for the generator every "
+                "round (its moments and learning rate start over)",
+                source="seed code Algorithm/Training_FedGen.py l.147"),
+        Setting("fedgen_server_batch", 0, "FedGen: generated samples per generator step on "
+                "the server (0: the clients' batch size)", minimum=0,
+                source="the authors' code (batch_size); seed code 128 (its --bs)"),
+        Setting("fedgen_ratio_scaling", True, "FedGen: scale the clients' teacher term by "
+                "generated / real batch size (false: by 1)",
+                source="the authors' code's gen_ratio; seed code models/Update.py l.407 (1)"),
+        Setting("fedgen_label_counts", "steps", "FedGen: each client's label shares w_k(y) "
+                "from the labels of its local steps (counts from 1) or its whole data",
+                choices=("steps", "data"),
+                source="the authors' code (steps); seed code read_user_data (data)"),
+        Setting("fedgen_teacher_weighting", "per-sample", "FedGen: the server's teacher loss, "
+                "each sample's CE times its label's share (eq. 4) or mean CE times mean share",
+                choices=("per-sample", "mean-product"),
+                source="FedGen eq. 4; the authors' and seed code's (B,)*(B,1) broadcast"),
     )
     default_weighting = "samples"
 
@@ -147,6 +203,7 @@ class FedGen(Strategy):
         self.num_classes, feature_dim = weight.shape
         wide = self._image_channels() == 3
         noise, hidden = (64, 512) if wide else (32, 256)
+        noise = self.config.fedgen_noise_dim or noise
         with seeded_cpu_rng(self.config.seed, "fedgen-init"):
             generator = FeatureGenerator(self.num_classes, feature_dim, noise, hidden)
         self.generator = generator.to(device=weight.device, dtype=weight.dtype)
@@ -169,7 +226,7 @@ class FedGen(Strategy):
         """alpha_t and beta_t of a round (0 before round 2: no generator trained yet)."""
         if round < 2:
             return 0.0, 0.0
-        decay = LR_DECAY ** (round - 1)
+        decay = self.config.fedgen_decay ** (round - 1)
         return tuple(0.0 if w == 0 else max(MIN_WEIGHT, w * decay)  # type: ignore[return-value]
                      for w in (self.config.fedgen_alpha, self.config.fedgen_beta))
 
@@ -178,8 +235,11 @@ class FedGen(Strategy):
         stream = torch_generator(self.config.seed, "fedgen", round, client)
         alpha, beta = self.weights_at(round)
         # The code starts every count at 1; kept on the batches' device (no host sync a step).
+        # "data": the seed code's counts of the client's whole data, which every epoch's
+        # steps see once each (divided by the epochs in label_weights).
         device = self.generator.out.weight.device
-        counts = torch.ones(self.num_classes, dtype=torch.float64, device=device)
+        start = torch.ones if self.config.fedgen_label_counts == "steps" else torch.zeros
+        counts = start(self.num_classes, dtype=torch.float64, device=device)
         self.label_counts[client] = counts
         generator = self.generator
 
@@ -203,16 +263,18 @@ class FedGen(Strategy):
                 with torch.no_grad():
                     features = generator(labels, self._noise(count, stream, outputs))
                 teacher = F.cross_entropy(head(features), labels)
-                scaled = alpha * (count / self.config.batch_size) * teacher
+                ratio = count / self.config.batch_size if self.config.fedgen_ratio_scaling else 1
+                scaled = alpha * ratio * teacher
                 total = scaled if total is None else total + scaled
             return total
 
         return term
 
     def _noise(self, count: int, stream: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-        """eps ~ N(0, I), drawn on the CPU stream (the same on any device), moved to ``like``'s."""
-        noise = torch.randn(count, self.generator.noise_dim, generator=stream,
-                            dtype=torch.float64)
+        """eps ~ N(0, I) (or U[0, 1): ``fedgen_noise``), drawn on the CPU stream (the same on
+        any device), moved to ``like``'s device."""
+        draw = torch.randn if self.config.fedgen_noise == "gaussian" else torch.rand
+        noise = draw(count, self.generator.noise_dim, generator=stream, dtype=torch.float64)
         return noise.to(device=like.device, dtype=self.generator.out.weight.dtype)
 
     # ---- server --------------------------------------------------------------------
@@ -226,6 +288,8 @@ class FedGen(Strategy):
         """(classes, clients) shares w_k(y) of each label's samples, and the labels G trains on."""
         counts = torch.stack([self.label_counts.get(r.client, torch.ones(self.num_classes))
                               .cpu() for r in results], dim=1)
+        if self.config.fedgen_label_counts == "data":  # every epoch saw each sample once
+            counts = counts / self.config.local_epochs
         qualified = torch.nonzero(counts.max(dim=1).values > MIN_SAMPLES_PER_LABEL).flatten()
         return counts / counts.sum(dim=1, keepdim=True), qualified
 
@@ -241,16 +305,19 @@ class FedGen(Strategy):
         heads = [{k: r.state[k].to(device) for k in (f"{self.head}.weight", f"{self.head}.bias")
                   if k in r.state} for r in results]
         weights = weights.to(device=device, dtype=generator.out.weight.dtype)
+        if self.config.fedgen_fresh_optimizer:  # the seed code's new Adam every round
+            self.optimizer = torch.optim.Adam(generator.parameters(), lr=self.config.fedgen_lr,
+                                              weight_decay=ADAM_WEIGHT_DECAY)
+        batch = self.config.fedgen_server_batch or self.config.batch_size
         generator.train()
         first = last = None
         for _ in range(self.config.fedgen_steps):
-            pick = torch.randint(len(qualified), (self.config.batch_size,), generator=stream)
+            pick = torch.randint(len(qualified), (batch,), generator=stream)
             labels = qualified[pick].to(device)
-            noise = torch.randn(len(labels), generator.noise_dim, generator=stream,
-                                dtype=torch.float64).to(device=device, dtype=weights.dtype)
+            noise = self._noise(len(labels), stream, weights).to(weights.dtype)
             features = generator(labels, noise)
-            teacher = sum((F.cross_entropy(head_logits(h, self.head, features), labels,
-                                           reduction="none") * weights[labels, k]).mean()
+            teacher = sum(teacher_loss(head_logits(h, self.head, features), labels,
+                                       weights[labels, k], self.config.fedgen_teacher_weighting)
                           for k, h in enumerate(heads))
             diversity = diversity_loss(noise, features)
             loss = teacher + diversity  # ensemble_alpha = ensemble_eta = 1, no student term
@@ -260,7 +327,7 @@ class FedGen(Strategy):
             last = float(teacher.detach())
             first = last if first is None else first
         for group in self.optimizer.param_groups:  # the code's ExponentialLR(0.98), per round
-            group["lr"] *= LR_DECAY
+            group["lr"] *= self.config.fedgen_decay
         return {"generator_loss_first": first, "generator_loss": last,
                 "generator_diversity": float(diversity.detach())}
 

@@ -73,7 +73,7 @@ class FedUp(Strategy):
     name = "fedup"
     label = "FedUp"
     settings = (
-        Setting("fedup_alpha", 0.01, "FedUp: weight alpha of the upper-bound penalty "
+        Setting("fedup_alpha", 0.01, "FedUp: penalty weight alpha of the upper-bound term "
                 "(alpha/eta)<X^(t-1) - X^t, X - X^t> + (alpha/2)||X - X^t||^2",
                 source="FedUp eq. 6; the paper reports no value (module docstring)",
                 minimum=0, old_names=("alpha",)),

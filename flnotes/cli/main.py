@@ -207,7 +207,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     """List presets, or show one with the source of each value."""
-    from flnotes.config.presets import describe, preset_names, preset_values
+    from flnotes.config.presets import describe, preset_names, preset_values, summary
 
     if args.name:
         if args.name not in preset_names():
@@ -217,8 +217,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
         print(json.dumps(preset_values(args.name), indent=2))
         print(describe(args.name))
     else:
+        width = max(map(len, preset_names()))
         for name in preset_names():
-            print(name)
+            print(f"{name:<{width}}  {summary(name)}")
     return 0
 
 

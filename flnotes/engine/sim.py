@@ -48,9 +48,11 @@ from flnotes.engine.state import clone_state, state_is_finite
 from flnotes.engine.tasks import build_task, resolve_device
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
-# Fields that may differ when resuming a run folder without changing its results.
+# Fields that may differ when resuming a run folder without changing its results. data_dir
+# is where the data lie, not which data: a run folder committed from one machine continues
+# on another whose copy sits elsewhere (the data's own source is recorded in run.json).
 RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile", "run_dir",
-                     "eval_batch_size", "download"}
+                     "eval_batch_size", "download", "data_dir"}
 
 
 class RunFolderError(ValueError):

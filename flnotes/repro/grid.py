@@ -51,6 +51,7 @@ GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seed
 SMOKE_KEYS = {"fixed", "grid", "seeds", "labels", "stack_seeds"}
 RESERVED = {"output_dir", "seeds", "seed"}  # set by the sweep itself
 PSEUDO = {"preset", "labels"}  # grid keys that are not notebook parameters
+LOCATION_PARAMETERS = {"data_dir", "threads", "device"}  # left out of a cell's id
 
 
 class GridError(ValueError):
@@ -509,7 +510,10 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
             layers = [fixed, *(bundle for _, _, bundle in combo), overrides or {}]
             params = resolve_parameters(layers, known)
             params[seed_parameter] = group if seed_parameter == "seeds" else group[0]
-            digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
+            # Where the data lie (data_dir) and how many threads run a cell do not change its
+            # results: a sweep continued from another machine or clone keeps its cell ids.
+            hashed = {k: v for k, v in params.items() if k not in LOCATION_PARAMETERS}
+            digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode())
             name = "_".join(_slug(label) for _, label, _ in combo)
             seed_tag = "seed" + "+".join(map(str, group))
             cell_id = f"{name + '_' if name else ''}{seed_tag}-{digest.hexdigest()[:8]}"

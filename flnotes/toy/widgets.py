@@ -213,6 +213,17 @@ def reads(method: str, *settings: str) -> bool:
     return set(settings) <= set(settings_of(method))
 
 
+def renamed_note(method: str, old: str) -> str:
+    """' (fedup's own alpha is fedup_alpha, ...)' when the method once called a setting
+    ``old`` (its declaration's old_names), else ''."""
+    from flnotes.algorithms import settings_of
+
+    for setting in settings_of(method).values():
+        if old in setting.old_names:
+            return f" (its own {old}, {setting.name}, is another setting: {setting.help})"
+    return ""
+
+
 def readers_text(setting: str) -> str:
     """'fedmut, fedqp': the methods that read a setting, for a disabled control's reason."""
     from flnotes.algorithms import readers
@@ -542,7 +553,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
         if reads(method, "alpha"):
             return {}
         return {"alpha": f"alpha is the mutation range of {readers_text('alpha')}; {method} "
-                         "has none"}
+                         f"has none{renamed_note(method, 'alpha')}"}
 
     return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
                     idle=idle)
