@@ -531,6 +531,10 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
     if preset is not None:
         values = preset_values(preset)
         values.pop("algorithm", None)  # the grid chooses the methods
+        algorithms = next((layer.get("algorithms", layer.get("algorithm"))
+                           for layer in reversed(layers)
+                           if "algorithms" in layer or "algorithm" in layer), None)
+        values = _read_by(values, algorithms)
         for key, value in values.items():
             if known is None or key in known:
                 params[key] = value
@@ -549,6 +553,23 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
                              "parameter for (and it has no 'extra' parameter)")
         params["extra"] = extra
     return params
+
+
+def _read_by(values: dict[str, Any], algorithms) -> dict[str, Any]:
+    """A preset's values without the method settings none of the cell's algorithms read (an
+    ``*-official`` preset's seed-code FedGen settings in a FedAvg/FedMut cell): they would
+    change the cell's id and nothing it runs. Unknown algorithms leave the values as they are
+    (the grid's checks name them)."""
+    from flnotes.algorithms import algorithm_names, all_settings, settings_of
+
+    if algorithms is None:
+        return values
+    names = [algorithms] if isinstance(algorithms, str) else list(algorithms)
+    if not all(isinstance(n, str) and n in algorithm_names() for n in names):
+        return values
+    read = {s for n in names for s in settings_of(n)}
+    declared = all_settings()
+    return {k: v for k, v in values.items() if k not in declared or k in read}
 
 
 def _label(value: Any) -> str:
