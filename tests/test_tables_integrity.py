@@ -137,3 +137,20 @@ def test_the_module_command_prints_no_traceback(tmp_path):
     assert "Traceback" not in done.stderr
     assert "same run" in done.stderr and "skipped 2 unreadable metrics rows" in done.stderr
     assert "== failed: 1 run left out of every table" in done.stdout
+
+
+def test_tables_mark_a_baseline_run_as_the_seed_code_ran_it():
+    """issue 29: a seed table's baseline numbers come from the seed code's reading, so a run
+    under that reading (an *-official preset) is marked, and one under its paper's is not."""
+    from flnotes.config import RunConfig
+    from flnotes.repro.paper_setting import baseline_reading
+
+    seed = RunConfig.from_preset("fedmut-official", algorithm="fedgen").to_dict()
+    paper = RunConfig.from_preset("fedmut-paper", algorithm="fedgen").to_dict()
+    assert "FedGen as the seed code ran it" in baseline_reading(seed)
+    assert baseline_reading(paper) == ""
+    fedexp = RunConfig.from_preset("fedqp-official", algorithm="fedexp").to_dict()
+    assert "FedExP as the seed code" in baseline_reading(fedexp)
+    # FedAvg and FedMut have no second reading: never marked.
+    assert baseline_reading(RunConfig.from_preset("fedmut-official").to_dict()) == ""
+    assert baseline_reading({"algorithm": "fedgen"}) == ""  # an older folder: nothing to say

@@ -127,7 +127,7 @@ def fedmut_paper_vgg16() -> dict[str, Any]:
     return dict(fedmut_paper(), model="vgg16", beta0=0.3)
 
 
-def _seed_code_baselines() -> dict[str, Any]:
+def seed_code_baselines() -> dict[str, Any]:
     """The baselines as the seed papers' authors ran them (their FedMR repository, which holds
     FedExP, FedASAM, FedGen, FedProx, FedMut and Indep; files and lines below), for the
     ``*-official`` presets. The ``*-paper`` presets keep each baseline's own paper.
@@ -159,7 +159,7 @@ def fedmut_official() -> dict[str, Any]:
     (--mut_bound), FedProx mu 0.01 (--prox_alpha), Dirichlet 0.5 (--data_beta), 2000 rounds
     (--epochs). CIFAR-100 with the code's 20 coarse labels: fedmut-official-cifar100.
     Every baseline of FedMut's Table 1 as the seed authors' code runs it (FedGen, CluSamp,
-    FedProx: _seed_code_baselines; fedmut-paper keeps each baseline's own paper).
+    FedProx: seed_code_baselines; fedmut-paper keeps each baseline's own paper).
 
     Momentum: the FedMut paper says 0.9. FedMut stays finite at 0.9 with these inputs as the
     seed code does (issue 29: flnotes 4 of 6 seeds finite through round 15 of an IID split,
@@ -175,7 +175,7 @@ def fedmut_official() -> dict[str, Any]:
     early rounds (FedMut at round 20: 43.1% against the code's 35.7%), and the code's scaling
     following the official curves within their seed spread (37.0%).
     """
-    return dict(_mutation_setup(), **_seed_code_baselines(), algorithm="fedmut",
+    return dict(_mutation_setup(), **seed_code_baselines(), algorithm="fedmut",
                 model="lenet-cifar", momentum=0.5, weighting="uniform", rounds=2000, alpha=4.0,
                 beta0=0.3, beta_rounds=50, data_options={"normalize": "fedmut-code"})
 
@@ -205,7 +205,7 @@ def fedqp_official() -> dict[str, Any]:
     FedMut official code's setting (lenet-cifar, momentum 0.5, uniform aggregation, T_b 50,
     beta0 0.3, 2000 rounds) with FedQP's mutation range and projection probability left to
     flnotes' FedQP defaults (alpha 2.0, p 0.5: the paper gives neither; fedqp-paper says
-    how they were chosen) and every baseline as the seed code runs it (_seed_code_baselines:
+    how they were chosen) and every baseline as the seed code runs it (seed_code_baselines:
     FedGen, CluSamp, FedNTD has no seed-code implementation and keeps its paper's).
 
     Inputs scaled as the FedMut code scales them: normalize="fedmut-code".
@@ -224,7 +224,7 @@ def fedmr_official() -> dict[str, Any]:
     batch 50, SGD lr 0.01 with momentum 0.5 (the paper says 0.9), the LeNet-style CNNCifar
     ("lenet-cifar") for the CNN column, uniform aggregation, Dirichlet 0.5 (--data_beta),
     FedProx mu 0.01 (--prox_alpha); FedMut as that repository's defaults run it (--radius 5.0,
-    --mut_acc_rate 0.3, --mut_bound 100); the baselines as _seed_code_baselines says.
+    --mut_acc_rate 0.3, --mut_bound 100); the baselines as seed_code_baselines says.
     Two-stage bound: the code recombines after round index iter >= --first_stage_bound
     (0-based), so its first recombined round is bound + 2 (1-based) and flnotes'
     stage1_rounds = bound + 1 (rounds <= stage1_rounds train from the global model); at the
@@ -234,7 +234,7 @@ def fedmr_official() -> dict[str, Any]:
 
     Inputs scaled as the code scales them (utils/get_dataset.py): normalize="fedmut-code".
     """
-    return dict(_mutation_setup(), **_seed_code_baselines(), algorithm="fedmr",
+    return dict(_mutation_setup(), **seed_code_baselines(), algorithm="fedmr",
                 model="lenet-cifar", momentum=0.5, weighting="uniform", rounds=500,
                 stage1_rounds=0, segments=0, alpha=5.0, beta0=0.3, beta_rounds=100,
                 data_options={"normalize": "fedmut-code"})

@@ -512,7 +512,13 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
             params[seed_parameter] = group if seed_parameter == "seeds" else group[0]
             # Where the data lie (data_dir) and how many threads run a cell do not change its
             # results: a sweep continued from another machine or clone keeps its cell ids.
-            hashed = {k: v for k, v in params.items() if k not in LOCATION_PARAMETERS}
+            # Nor do a preset's settings of methods the cell does not run (an *-official
+            # preset's seed-code FedGen settings in a FedAvg cell).
+            hashed = _read_by({k: v for k, v in params.items() if k not in LOCATION_PARAMETERS},
+                              params.get("algorithms", params.get("algorithm")))
+            if isinstance(hashed.get("extra"), dict):
+                hashed["extra"] = _read_by(hashed["extra"],
+                                           params.get("algorithms", params.get("algorithm")))
             digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode())
             name = "_".join(_slug(label) for _, label, _ in combo)
             seed_tag = "seed" + "+".join(map(str, group))
@@ -531,10 +537,6 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
     if preset is not None:
         values = preset_values(preset)
         values.pop("algorithm", None)  # the grid chooses the methods
-        algorithms = next((layer.get("algorithms", layer.get("algorithm"))
-                           for layer in reversed(layers)
-                           if "algorithms" in layer or "algorithm" in layer), None)
-        values = _read_by(values, algorithms)
         for key, value in values.items():
             if known is None or key in known:
                 params[key] = value
@@ -556,9 +558,8 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
 
 
 def _read_by(values: dict[str, Any], algorithms) -> dict[str, Any]:
-    """A preset's values without the method settings none of the cell's algorithms read (an
-    ``*-official`` preset's seed-code FedGen settings in a FedAvg/FedMut cell): they would
-    change the cell's id and nothing it runs. Unknown algorithms leave the values as they are
+    """``values`` without the method settings none of the cell's algorithms read: they would
+    change a cell's id and nothing it runs. Unknown algorithms leave the values as they are
     (the grid's checks name them)."""
     from flnotes.algorithms import algorithm_names, all_settings, settings_of
 

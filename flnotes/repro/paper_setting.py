@@ -57,6 +57,27 @@ def paper_settings(table: str, sweep_dir: Path = SWEEP_DIR) -> dict[tuple, dict]
     return settings
 
 
+def baseline_reading(config: dict) -> str:
+    """'FedGen as the seed code ran it' when a run's own settings are the seed code's variant
+    of its method (the values the ``*-official`` presets set where they differ from the
+    method's defaults, i.e. from its own paper), else ''. Tables mark which reading a cell
+    used, since a seed table's baseline numbers come from the seed code's reading."""
+    from flnotes.algorithms import algorithm_class, algorithm_names, settings_of
+    from flnotes.config.presets import seed_code_baselines
+
+    algorithm = config.get("algorithm")
+    if algorithm not in algorithm_names():
+        return ""
+    own = settings_of(algorithm)
+    variant = {k: v for k, v in seed_code_baselines().items()
+               if k in own and own[k].default != v}
+    present = {k: v for k, v in variant.items() if k in config}  # an older folder lacks some
+    if present and all(_same(config[k], v) for k, v in present.items()):
+        label = algorithm_class(algorithm).label or algorithm
+        return f"{label} as the seed code ran it (*-official presets), not its paper's"
+    return ""
+
+
 def setting_differences(configs: list[dict], paper: dict | None) -> list[str]:
     """How runs' configs differ from a cell's paper setting, e.g. '3 rounds instead of 2000'.
 
@@ -66,6 +87,7 @@ def setting_differences(configs: list[dict], paper: dict | None) -> list[str]:
     notes = [f"{config['dataset']} read from {config['data_source']} (lossy: quote as "
              f"'{config['dataset']} (JPEG)')" for config in configs
              if "JPEG" in str(config.get("data_source", ""))]
+    notes += [note for config in configs if (note := baseline_reading(config))]
     if not paper:
         return list(dict.fromkeys(notes))
     for config in configs:
