@@ -77,7 +77,7 @@ def test_local_update_matches_separate_dml_reference(fml_config):
     strategy = build_strategy(config, initial_state(config, task))
     client, rnd = 2, 1
     personal_start = clone_state(strategy.personal_state(task, client))
-    result = strategy.local_update(task, client, strategy.global_state,
+    result = strategy.local_update(task, 1, client, strategy.global_state,
                                    client_generator(config, rnd, client))
 
     meme, personal = task.model_factory(), task.model_factory()
@@ -337,7 +337,7 @@ def test_meme_kl_and_ce_on_the_task_slice_match_a_hand_computation(tasks_config)
     strategy = build_strategy(config, initial_state(config, task))
     client, rnd = 1, 1
     personal_start = clone_state(strategy.personal_state(task, client))
-    result = strategy.local_update(task, client, strategy.global_state,
+    result = strategy.local_update(task, 1, client, strategy.global_state,
                                    client_generator(config, rnd, client))
 
     meme = task.model_factory()  # the joint 20-class head
@@ -480,7 +480,7 @@ def test_a_personal_state_that_does_not_fit_its_task_is_one_line(tasks_config):
     strategy.load_state_dict({"global_state": strategy.global_state, "personal": {
         1: clone_state(build_model("mlp", 20, (1, 28, 28)).state_dict())}})
     for call in (lambda: strategy.round_metrics(task),
-                 lambda: strategy.local_update(task, 1, strategy.global_state,
+                 lambda: strategy.local_update(task, 1, 1, strategy.global_state,
                                                client_generator(config, 1, 1))):
         with pytest.raises(ValueError) as err:
             call()

@@ -186,8 +186,10 @@ class Strategy:
         """
         return None
 
-    def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:
-        """A whole custom local update; used only when ``custom_local_update`` is True."""
+    def local_update(self, task, round: int, client: int, start,
+                     generator: torch.Generator) -> ClientResult:
+        """A whole custom local update of ``client`` in ``round``; used only when
+        ``custom_local_update`` is True."""
         raise NotImplementedError(f"{type(self).__name__} has no custom local update")
 
     def local_update_batched(self, task, round: int, clients: list[int], starts: list,

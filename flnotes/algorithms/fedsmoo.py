@@ -75,7 +75,6 @@ class FedSMOO(FedDyn):
         self.duals = ClientStateStore(store_directory(self.config.run_dir, "fedsmoo-mu"),
                                       self._new_drift, device=device)  # mu_i, zeros at first
         self.new_duals: dict[int, OrderedDict] = {}
-        self.round = 1
 
     @property
     def alpha(self) -> float:
@@ -83,18 +82,17 @@ class FedSMOO(FedDyn):
         return self.config.smoo_alpha
 
     def dispatch(self, round, clients):
-        self.round = round
         self.duals.hold(clients)
         return super().dispatch(round, clients)
 
-    def local_update(self, task, client: int, start, generator) -> ClientResult:
+    def local_update(self, task, round: int, client: int, start, generator) -> ClientResult:
         """FedDyn's local SGD, each step's gradient taken FedSMOO's way (rho > 0)."""
         config, rho, alpha = self.config, self.config.smoo_rho, self.alpha
         model = task.working_model()
         x, y = task.client_data(client)
         anchor = self.penalty_anchor(start, client)
         common = dict(epochs=config.local_epochs, batch_size=config.batch_size,
-                      lr=self.local_lr(self.round), momentum=config.momentum,
+                      lr=self.local_lr(round), momentum=config.momentum,
                       weight_decay=config.weight_decay, generator=generator,
                       loss_fn=task.loss_fn)
         if rho == 0:  # FedDyn's path exactly

@@ -250,7 +250,8 @@ class FML(Strategy):
                 task, self.config.seed, client, self.config.personal_models)
         return self.personal[client]
 
-    def local_update(self, task, client: int, start, generator: torch.Generator) -> ClientResult:
+    def local_update(self, task, round: int, client: int, start,
+                     generator: torch.Generator) -> ClientResult:
         """DML of the meme (forked from ``start``) and the personal model over local epochs."""
         from flnotes.engine.train import batch_schedule  # train imports algorithms: import lazily
 

@@ -81,13 +81,8 @@ class MimeLite(Strategy):
         super().__init__(config, global_state)
         self.momentum: OrderedDict[str, torch.Tensor] | None = None  # m, created lazily
         self.gradients: dict[int, tuple[dict, int]] = {}  # this round's sum of c_i, n_i
-        self.round = 1
 
-    def dispatch(self, round: int, clients: list[int]):
-        self.round = round
-        return super().dispatch(round, clients)
-
-    def local_update(self, task, client: int, start, generator) -> ClientResult:
+    def local_update(self, task, round: int, client: int, start, generator) -> ClientResult:
         """c_i at x, then local SGD whose gradient gets beta m added."""
         config = self.config
         model = task.working_model()
@@ -108,7 +103,7 @@ class MimeLite(Strategy):
         fixed = momentum is not None and beta > 0
         state, loss = local_sgd(
             model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
-            lr=self.local_lr(self.round), momentum=0.0, weight_decay=config.weight_decay,
+            lr=self.local_lr(round), momentum=0.0, weight_decay=config.weight_decay,
             generator=generator, loss_fn=task.loss_fn,
             local_gradient=with_server_momentum if fixed else None)
         return ClientResult(client, state, len(y), loss)

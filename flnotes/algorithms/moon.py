@@ -125,7 +125,6 @@ class MOON(Strategy):
         device = next(iter(self.global_state.values())).device
         self.store = ClientStateStore(store_directory(self.config.run_dir, "moon"),
                                       lambda client: self.initial, device=device)
-        self.round = 1
 
     @property
     def mu(self) -> float:
@@ -136,7 +135,6 @@ class MOON(Strategy):
 
     def dispatch(self, round: int, clients: list[int]):
         """The global model; the round's previous local models are read into memory."""
-        self.round = round
         if self.projected:
             self.store.hold(clients)
         return super().dispatch(round, clients)
@@ -149,12 +147,12 @@ class MOON(Strategy):
                 copy.deepcopy(model).eval().requires_grad_(False) for _ in range(2))
         return task.backend_cache["moon-teachers"]
 
-    def local_update(self, task, client: int, start, generator) -> ClientResult:
+    def local_update(self, task, round: int, client: int, start, generator) -> ClientResult:
         """The engine's local SGD plus mu * l_con from round 2 on."""
         config = self.config
         model = task.working_model()
         x, y = task.client_data(client)
-        active = self.projected and self.mu > 0 and self.round > 1 and len(y) > 0
+        active = self.projected and self.mu > 0 and round > 1 and len(y) > 0
         hooks, captured, term = [], {}, None
         if active:
             glob, prev = self._teachers(task)
@@ -174,7 +172,7 @@ class MOON(Strategy):
         try:
             state, loss = local_sgd(
                 model, start, x, y, epochs=config.local_epochs, batch_size=config.batch_size,
-                lr=self.local_lr(self.round), momentum=config.momentum,
+                lr=self.local_lr(round), momentum=config.momentum,
                 weight_decay=config.weight_decay,
                 generator=generator, loss_fn=task.loss_fn,
                 batch_loss=term)

@@ -78,13 +78,8 @@ class STEM(Strategy):
         super().__init__(config, global_state)
         self.direction: Grads | None = None  # the server's d (None before round 1 ends)
         self.directions: dict[int, Grads] = {}  # this round's client d's
-        self.round = 1
 
-    def dispatch(self, round: int, clients: list[int]):
-        self.round = round
-        return super().dispatch(round, clients)
-
-    def local_update(self, task, client: int, start, generator) -> ClientResult:
+    def local_update(self, task, round: int, client: int, start, generator) -> ClientResult:
         """I steps of x <- x - eta d, then d <- g(x) + (1 - a)(d - g(x_prev)), one batch each."""
         config = self.config
         model = task.working_model()
@@ -94,7 +89,7 @@ class STEM(Strategy):
         x, y = task.client_data(client)
         schedule = batch_schedule(len(y), config.local_epochs, config.batch_size, generator,
                                   x.device)
-        lr, a, wd = self.local_lr(self.round), config.stem_a, config.weight_decay
+        lr, a, wd = self.local_lr(round), config.stem_a, config.weight_decay
         losses = []
         d = self.direction
         if d is None and schedule:  # d_0: the first batch's gradient at x_0

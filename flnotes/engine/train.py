@@ -138,7 +138,7 @@ def train_clients_loop(
     for client, start in zip(clients, starts, strict=True):
         generator = client_generator(config, round, client)
         if strategy.custom_local_update:
-            results.append(strategy.local_update(task, client, start, generator))
+            results.append(strategy.local_update(task, round, client, start, generator))
             continue
         x, y = task.client_data(client)
         if teacher is not None:
