@@ -29,10 +29,17 @@ DATASETS: dict[str, Callable[..., TensorData]] = {
     "femnist": load_femnist,
 }
 
-# Datasets whose whole task (data, split and model) is built by a module of their own, named
-# here by its path so that this layer never imports it: name -> module with
-# ``build_task(config) -> Task``. The engine imports it when a run asks for the dataset.
-TASK_DATASETS = {"toy": "flnotes.toy.task"}
+# Datasets whose whole task (data, split and model) is built by a layer above this one: name
+# -> ``build_task(config) -> Task``. That layer registers itself (flnotes.toy.task registers
+# "toy" when imported, which ``import flnotes`` does), so this layer names none of them.
+TASK_BUILDERS: dict[str, Callable] = {}
+
+
+def register_task_dataset(name: str, build_task: Callable) -> None:
+    """Make ``name`` a dataset whose ``build_task(config)`` builds the whole task."""
+    if name in DATASETS:
+        raise ValueError(f"dataset name {name!r} is taken by a tensor dataset")
+    TASK_BUILDERS[name] = build_task
 
 
 def tensor_dataset_names() -> list[str]:
@@ -42,7 +49,7 @@ def tensor_dataset_names() -> list[str]:
 
 def dataset_names() -> list[str]:
     """Every dataset name a config may use (tensor datasets and whole-task datasets)."""
-    return sorted(set(DATASETS) | set(TASK_DATASETS))
+    return sorted(set(DATASETS) | set(TASK_BUILDERS))
 
 
 def composition_problem(name: str) -> str | None:

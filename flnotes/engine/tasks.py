@@ -11,8 +11,6 @@ split among its own clients, and evaluation reports each task on its own classes
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flnotes.data.multitask import class_offsets, task_labels, task_parts
-from flnotes.data.registry import TASK_DATASETS
+from flnotes.data.registry import TASK_BUILDERS
 from flnotes.rng import torch_generator
 
 
@@ -173,8 +171,8 @@ def resolve_device(device: str) -> torch.device:
 def build_task(config) -> Task:
     """Load data, split it over clients and bind the model factory, all from a config."""
     config = config.resolved()
-    if config.dataset in TASK_DATASETS:  # a dataset that builds its whole task (the toy)
-        return importlib.import_module(TASK_DATASETS[config.dataset]).build_task(config)
+    if config.dataset in TASK_BUILDERS:  # a dataset that builds its whole task (the toy)
+        return TASK_BUILDERS[config.dataset](config)
 
     from flnotes.data.multitask import MultitaskData, check_task_parts, multitask_partition
     from flnotes.data.partition import load_manifest, make_partition, save_manifest

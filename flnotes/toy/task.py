@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from flnotes.data.registry import register_task_dataset
 from flnotes.engine.tasks import Task, split_clients
 from flnotes.rng import torch_generator
 from flnotes.toy.landscapes import (
@@ -183,3 +184,6 @@ def state_of(point: Sequence[float]) -> OrderedDict[str, torch.Tensor]:
     """A toy state (two 0-dim layers) at a point."""
     return OrderedDict([("x", torch.tensor(float(point[0]))),
                         ("y", torch.tensor(float(point[1])))])
+
+
+register_task_dataset("toy", build_task)  # dataset "toy": this module builds its whole task
