@@ -138,3 +138,25 @@ def test_the_public_face_stays(name):
     import flnotes
 
     assert getattr(flnotes, name) is not None and name in flnotes.__all__
+
+
+# engine and algorithms form one layer, meeting at documented modules only: the engine
+# reaches strategies through the interface (algorithms.base) and the registry (algorithms),
+# never a method's module; strategies use the engine's state arithmetic, the reference local
+# step, the per-client store and the batched step (FML, FedGen), never the round loop.
+ENGINE_READS_FROM_ALGORITHMS = {"flnotes.algorithms", "flnotes.algorithms.base"}
+ALGORITHMS_READ_FROM_ENGINE = {"flnotes.engine.state", "flnotes.engine.train",
+                               "flnotes.engine.client_state", "flnotes.engine.batched.schedule",
+                               "flnotes.engine.batched.stacked"}
+
+
+def test_engine_and_algorithms_meet_only_at_the_documented_modules():
+    graph = import_graph()
+    engine_to = {t for m, ts in graph.items() for t in ts
+                 if part(m) == "engine" and part(t) == "algorithms"}
+    algorithms_to = {t for m, ts in graph.items() for t in ts
+                     if part(m) == "algorithms" and part(t) == "engine"}
+    assert engine_to <= ENGINE_READS_FROM_ALGORITHMS, sorted(engine_to)
+    assert algorithms_to <= ALGORITHMS_READ_FROM_ENGINE, sorted(algorithms_to)
+    # and neither side reaches the other's internals through a module-level cycle
+    assert find_cycle(graph) is None
