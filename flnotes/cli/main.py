@@ -262,6 +262,17 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                            "beside them")
     tables_cli.add_arguments(p_tab)
     p_tab.set_defaults(func=tables_cli.cmd_tables, command_parser=p_tab)
+    from flnotes.repro import figures as figures_cli
+    from flnotes.repro import results_page as page_cli
+
+    p_fig = sub.add_parser("figures", allow_abbrev=False,
+                           help="draw a paper's figure from a folder of runs (--list: which)")
+    figures_cli.add_arguments(p_fig)
+    p_fig.set_defaults(func=figures_cli.cmd_figures, command_parser=p_fig)
+    p_page = sub.add_parser("results-page", allow_abbrev=False,
+                            help="write results/README.md from a sweep's run folders")
+    page_cli.add_arguments(p_page)
+    p_page.set_defaults(func=page_cli.cmd_results_page, command_parser=p_page)
     p_pre = sub.add_parser("presets", allow_abbrev=False,
                            help="list the named paper settings, or show one with where each "
                            "value comes from")

@@ -1,0 +1,329 @@
+"""The results page: ``python -m flnotes results-page results/cifar10-lenet`` writes
+``results/README.md`` (and the learning curves beside it, ``results/<folder>-curves.png``)
+from the run folders of a sweep's output, ``<folder>/cells/<cell-id>/runs/<alg>/seed<N>/``
+(``config.json``, ``run.json``, ``metrics.jsonl``; ``cell.json`` per cell for the labels).
+
+Generated, never typed: every number on the page comes from the metrics files, and the same
+folder gives the same page. It holds
+
+- the learning curves: per setting (dataset, model, heterogeneity) one panel, per method the
+  mean test accuracy over seeds and a band from the lowest to the highest seed;
+- our test accuracy at rounds 50, 100, 150 and 200 and at each run's last evaluation, per
+  method and setting: mean +- sample std over seeds (the evaluation at that round, or the last
+  one before it, for runs that got there);
+- FedMut - FedAvg and FedQP - FedAvg per setting: the difference of each seed's pair of runs
+  (same seed, same data split) at the last evaluation both have, mean +- std over seeds,
+  beside the papers' difference for the same cell (FedMut Table 1 for FedMut, FedQP Table I
+  for FedQP; flnotes.repro.paper_tables) and the papers' cells themselves;
+- a reading generated from the numbers (where the papers' ordering holds in every seed, on
+  average only, or not), with a marked place for the lead's own words.
+
+Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
+rounds they have, and the page says how far each got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from flnotes.repro import REPO_ROOT
+from flnotes.repro.figures import Run, load_runs, mean_band
+from flnotes.repro.paper_tables import load_paper_table
+from flnotes.repro.tables import sample_std
+
+ROUNDS = (50, 100, 150, 200)
+BASELINE = "FedAvg"
+# (method, the paper table whose difference to FedAvg sits beside ours)
+DIFFERENCES = (("FedMut", "fedmut_table1"), ("FedQP", "fedqp_tableI"))
+PAPER_TABLES = ("fedmut_table1", "fedqp_tableI")
+SETTING = ("dataset", "model", "heterogeneity")
+
+
+def _setting(run: Run) -> tuple[str, str, str]:
+    return tuple(str(run.labels[k]) for k in SETTING)
+
+
+def _accuracy(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    return run.curve(("accuracy",))
+
+
+def accuracy_at(run: Run, round_: int) -> float | None:
+    """Test accuracy (%) at ``round_``: its evaluation there or the last one before it; None
+    if the run has not reached that round."""
+    last = max((r["round"] for r in run.rows), default=0)
+    rounds, values = _accuracy(run)
+    if last < round_ or not len(rounds) or rounds[0] > round_:
+        return None
+    return float(values[rounds <= round_][-1])
+
+
+def final(run: Run) -> tuple[int, float] | None:
+    """(round, accuracy %) of the run's last evaluation."""
+    rounds, values = _accuracy(run)
+    return (int(rounds[-1]), float(values[-1])) if len(rounds) else None
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "—"
+    mean = float(np.mean(values))
+    return f"{mean:.2f}" if len(values) < 2 else f"{mean:.2f} ± {sample_std(values):.2f}"
+
+
+def _groups(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
+    """setting -> method -> runs (by seed), everything sorted."""
+    out: dict[tuple, dict[str, list[Run]]] = {}
+    for run in sorted(runs, key=lambda r: (_setting(r), str(r.labels["method"]), r.seed)):
+        out.setdefault(_setting(run), {}).setdefault(str(run.labels["method"]), []).append(run)
+    return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
+            for k, v in sorted(out.items())}
+
+
+def paired_difference(method_runs: list[Run], base_runs: list[Run]
+                      ) -> tuple[list[tuple[int, int, float]], str]:
+    """Per seed both methods ran: (seed, round, method - FedAvg at the last evaluation both
+    have); and the mean ± std over those seeds."""
+    base = {run.seed: run for run in base_runs}
+    pairs = []
+    for run in method_runs:
+        if run.seed not in base:
+            continue
+        (r1, v1), (r2, v2) = _accuracy(run), _accuracy(base[run.seed])
+        common = sorted(set(r1.tolist()) & set(r2.tolist()))
+        if not common:
+            continue
+        at = common[-1]
+        pairs.append((run.seed, int(at),
+                      float(v1[r1 == at][0]) - float(v2[r2 == at][0])))
+    return pairs, _mean_std([d for _, _, d in pairs])
+
+
+def _paper_cells() -> dict[tuple, dict[str, float]]:
+    """(table, dataset, model, heterogeneity) -> method -> the paper's accuracy."""
+    cells: dict[tuple, dict[str, float]] = {}
+    for name in PAPER_TABLES:
+        table = load_paper_table(name)
+        for _, row in table.iterrows():
+            key = (name, row["dataset"], row["model"], row["heterogeneity"])
+            if not np.isnan(row["accuracy_mean"]):
+                cells.setdefault(key, {})[row["method"]] = float(row["accuracy_mean"])
+    return cells
+
+
+def reading(method: str, pairs: list[tuple[int, int, float]], paper: float | None) -> str:
+    """The generated reading of one difference: does the paper's ordering hold?"""
+    if not pairs:
+        return f"{method} vs {BASELINE}: no seed has both runs yet."
+    diffs = [d for _, _, d in pairs]
+    wins = sum(d > 0 for d in diffs)
+    rounds = sorted({r for _, r, _ in pairs})
+    at = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
+    if wins == len(diffs):
+        verdict = (f"the papers' ordering {method} > {BASELINE} holds in every seed "
+                   f"({wins} of {len(diffs)}) at {at}")
+    elif np.mean(diffs) > 0:
+        verdict = (f"{method} > {BASELINE} on average but not in every seed ({wins} of "
+                   f"{len(diffs)}) at {at}: the ordering is not established")
+    else:
+        verdict = (f"the papers' ordering {method} > {BASELINE} does not hold ({wins} of "
+                   f"{len(diffs)} seeds, mean {np.mean(diffs):+.2f}) at {at}")
+    if paper is not None:
+        verdict += f"; the paper's difference is {paper:+.2f}, ours {np.mean(diffs):+.2f}"
+    return verdict + "."
+
+
+def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
+    """One panel per setting: mean accuracy over seeds per method, band lowest-highest."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    settings = list(groups)
+    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(5 * max(len(settings), 1), 3.8),
+                             squeeze=False)
+    for ax, setting in zip(axes.flat, settings, strict=False):
+        for method, runs in groups[setting].items():
+            curves = [c for c in (_accuracy(r) for r in runs) if len(c[0])]
+            if not curves:
+                continue
+            x, mean, low, high = mean_band(curves)
+            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({len(curves)} seeds)")
+            if len(curves) > 1:
+                ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
+        ax.set_title(", ".join(setting), fontsize=10)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _shown(path: Path) -> str:
+    """A path as the page shows it: relative to the repository when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path, Path]:
+    """Write the page (default: README.md in the results folder's parent) and its curves PNG
+    beside it; return both paths."""
+    results = Path(results)
+    runs = load_runs(results)
+    if not runs:
+        raise ValueError(f"no run folders (run.json + metrics.jsonl) under {results}")
+    out = Path(out) if out else results.resolve().parent / "README.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = out.parent / f"{results.resolve().name}-curves.png"
+    groups = _groups(runs)
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(groups)
+    fig.savefig(png, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    out.write_text(page_text(results, groups, os.path.relpath(png, out.parent)))
+    return out, png
+
+
+def page_text(results: Path, groups: dict, png: str) -> str:
+    papers = _paper_cells()
+    runs = [r for by_method in groups.values() for rs in by_method.values() for r in rs]
+    statuses = {}
+    for run in runs:
+        statuses[run.status] = statuses.get(run.status, 0) + 1
+    lines = [
+        f"# Results: {results.resolve().name}",
+        "",
+        f"<!-- Generated by `python -m flnotes results-page {_shown(results)}` from the run "
+        "folders; do not edit: run the command again. -->",
+        "",
+        f"Generated from the run folders under `{_shown(results)}` "
+        f"({len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+        + "). Test accuracy in percent; ± is the sample std over seeds; failed runs are left "
+        "out; a running run counts with the rounds it has.",
+        "",
+        "## Learning curves",
+        "",
+        f"![test accuracy per round, mean over seeds, band lowest to highest seed]({png})",
+        "",
+        "## Our test accuracy",
+        "",
+        "At round R: the evaluation at R (or the last before it) of each run that got there; "
+        "final: each run's last evaluation.",
+        "",
+        "| dataset | model | heterogeneity | method | seeds | rounds (per seed / planned) | "
+        + " | ".join(f"round {r}" for r in ROUNDS) + " | final |",
+        "|" + "---|" * (8 + len(ROUNDS)),
+    ]
+    for setting, by_method in groups.items():
+        for method, method_runs in by_method.items():
+            reached = ", ".join(str(max((r["round"] for r in run.rows), default=0))
+                                for run in method_runs)
+            planned = sorted({str(run.config.get("rounds")) for run in method_runs})
+            at = [_mean_std([v for v in (accuracy_at(run, r) for run in method_runs)
+                             if v is not None]) for r in ROUNDS]
+            finals = [f for f in (final(run) for run in method_runs) if f is not None]
+            rounds = sorted({r for r, _ in finals})
+            where = "" if not rounds else f" (round {rounds[0]})" if len(rounds) == 1 else \
+                f" (rounds {rounds[0]}-{rounds[-1]})"
+            lines.append(f"| {' | '.join(setting)} | {method} | "
+                         f"{', '.join(str(r.seed) for r in method_runs)} | "
+                         f"{reached} / {', '.join(planned)} | " + " | ".join(at)
+                         + f" | {_mean_std([v for _, v in finals])}{where} |")
+    lines += [
+        "",
+        "## Differences to FedAvg, beside the papers'",
+        "",
+        "Ours: per seed, the method's run minus FedAvg's run of the same seed at the last "
+        "evaluation both have; mean ± std over seeds. Paper: the same difference of the "
+        "published cells (FedMut Table 1 for FedMut, FedQP Table I for FedQP).",
+        "",
+        "| dataset | model | heterogeneity | difference | ours | per seed (seed: round, "
+        "difference) | paper | paper's cells |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    readings = []
+    for setting, by_method in groups.items():
+        base = by_method.get(BASELINE, [])
+        for method, table in DIFFERENCES:
+            if method not in by_method:
+                continue
+            pairs, ours = paired_difference(by_method[method], base)
+            cells = papers.get((table, *setting), {})
+            paper = (cells[method] - cells[BASELINE]
+                     if method in cells and BASELINE in cells else None)
+            per_seed = "; ".join(f"{s}: {r}, {d:+.2f}" for s, r, d in pairs) or "—"
+            shown = "—" if paper is None else f"{paper:+.2f}"
+            cell_text = "—" if paper is None else \
+                f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} ({table})"
+            lines.append(f"| {' | '.join(setting)} | {method} − {BASELINE} | {ours} | "
+                         f"{per_seed} | {shown} | {cell_text} |")
+            readings.append(f"- {', '.join(setting)}: {reading(method, pairs, paper)}")
+    lines += [
+        "",
+        "## The papers' cells beside our final accuracy",
+        "",
+        "| dataset | model | heterogeneity | method | ours (final) | "
+        + " | ".join(PAPER_TABLES) + " |",
+        "|---|---|---|---|---|" + "---|" * len(PAPER_TABLES),
+    ]
+    for setting, by_method in groups.items():
+        for method, method_runs in by_method.items():
+            finals = [v for f in (final(run) for run in method_runs) if f is not None
+                      for v in [f[1]]]
+            paper = [papers.get((t, *setting), {}).get(method) for t in PAPER_TABLES]
+            lines.append(f"| {' | '.join(setting)} | {method} | {_mean_std(finals)} | "
+                         + " | ".join("—" if v is None else f"{v:.2f}" for v in paper)
+                         + " |")
+    lines += [
+        "",
+        "## Reading",
+        "",
+        "Generated from the numbers above:",
+        "",
+        *(readings or ["- no FedMut or FedQP run beside a FedAvg run yet."]),
+        "",
+        "Our reading (to be written by hand once the sweep has finished: how far from "
+        "convergence the runs are, and what the orderings above do and do not show):",
+        "",
+        "<!-- reading: TODO -->",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the ``results-page`` subcommand."""
+    parser.add_argument("results", help="a sweep's output folder, e.g. results/cifar10-lenet")
+    parser.add_argument("--out", help="the page (default: README.md in the folder's parent, "
+                        "e.g. results/README.md); the curves PNG goes beside it")
+
+
+def cmd_results_page(args: argparse.Namespace) -> int:
+    page, png = build_page(args.results, args.out)
+    print(f"wrote {page} and {png}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flnotes.repro.results_page",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    try:
+        return cmd_results_page(parser.parse_args(argv))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
