@@ -68,11 +68,17 @@ def final(run: Run) -> tuple[int, float] | None:
     return (int(rounds[-1]), float(values[-1])) if len(rounds) else None
 
 
-def _mean_std(values: list[float]) -> str:
+def _mean_std(values: list[float], of: int | None = None, signed: bool = False) -> str:
+    """'mean ± std' over seeds ('—' for none); '(n of m seeds)' when fewer than ``of``."""
     if not values:
         return "—"
     mean = float(np.mean(values))
-    return f"{mean:.2f}" if len(values) < 2 else f"{mean:.2f} ± {sample_std(values):.2f}"
+    text = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    if len(values) > 1:
+        text += f" ± {sample_std(values):.2f}"
+    if of is not None and len(values) < of:
+        text += f" ({len(values)} of {of} seeds)"
+    return text
 
 
 def _groups(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
@@ -100,7 +106,7 @@ def paired_difference(method_runs: list[Run], base_runs: list[Run]
         at = common[-1]
         pairs.append((run.seed, int(at),
                       float(v1[r1 == at][0]) - float(v2[r2 == at][0])))
-    return pairs, _mean_std([d for _, _, d in pairs])
+    return pairs, _mean_std([d for _, _, d in pairs], signed=True)
 
 
 def _paper_cells() -> dict[tuple, dict[str, float]]:
@@ -137,6 +143,16 @@ def reading(method: str, pairs: list[tuple[int, int, float]], paper: float | Non
     return verdict + "."
 
 
+def progress(runs: list[Run]) -> str:
+    """How far the runs got: completed count and the shortest run against the plan."""
+    done = sum(run.status == "completed" for run in runs)
+    reached = [max((r["round"] for r in run.rows), default=0) for run in runs]
+    planned = sorted({str(run.config.get("rounds")) for run in runs})
+    return (f"- progress: {done} of {len(runs)} runs completed; the shortest has "
+            f"{min(reached)} rounds, the longest {max(reached)}, of {', '.join(planned)} "
+            "planned. Every ordering below is at the rounds it names, not at convergence.")
+
+
 def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """One panel per setting: mean accuracy over seeds per method, band lowest-highest."""
     import matplotlib
@@ -153,7 +169,7 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
             if not curves:
                 continue
             x, mean, low, high = mean_band(curves)
-            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({len(curves)} seeds)")
+            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
             if len(curves) > 1:
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
         ax.set_title(", ".join(setting), fontsize=10)
@@ -221,7 +237,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "",
         "| dataset | model | heterogeneity | method | seeds | rounds (per seed / planned) | "
         + " | ".join(f"round {r}" for r in ROUNDS) + " | final |",
-        "|" + "---|" * (8 + len(ROUNDS)),
+        "|" + "---|" * (7 + len(ROUNDS)),
     ]
     for setting, by_method in groups.items():
         for method, method_runs in by_method.items():
@@ -229,7 +245,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
                                 for run in method_runs)
             planned = sorted({str(run.config.get("rounds")) for run in method_runs})
             at = [_mean_std([v for v in (accuracy_at(run, r) for run in method_runs)
-                             if v is not None]) for r in ROUNDS]
+                             if v is not None], of=len(method_runs)) for r in ROUNDS]
             finals = [f for f in (final(run) for run in method_runs) if f is not None]
             rounds = sorted({r for r, _ in finals})
             where = "" if not rounds else f" (round {rounds[0]})" if len(rounds) == 1 else \
@@ -289,6 +305,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "",
         "Generated from the numbers above:",
         "",
+        progress(runs),
         *(readings or ["- no FedMut or FedQP run beside a FedAvg run yet."]),
         "",
         "Our reading (to be written by hand once the sweep has finished: how far from "

@@ -1,0 +1,152 @@
+"""The results page (flnotes.repro.results_page) on a synthetic sweep output laid out like
+results/cifar10-lenet: its numbers against a hand computation from the metrics files, the
+papers' cells beside them, the generated reading, and the same page when regenerated."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flnotes.cli.main import main as cli_main
+from flnotes.repro import results_page
+
+ROUNDS = 200
+# accuracy of (setting, method, seed) at round r: 0.2 + r/1000 + seed/200 + OFFSET
+OFFSET = {("dir=0.1", "fedavg"): (0.0, 0.0), ("dir=0.1", "fedmut"): (0.02, 0.03),
+          ("dir=0.1", "fedqp"): (0.01, -0.03), ("iid", "fedavg"): (0.0, 0.0),
+          ("iid", "fedmut"): (-0.01, -0.02), ("iid", "fedqp"): (0.01, 0.02)}
+STOPPED = ("iid", "fedqp", 1)  # a run still going: 110 of its 200 rounds
+OURS, DIFFERENCES = "Our test accuracy", "Differences to FedAvg, beside the papers'"
+PAPERS = "The papers' cells beside our final accuracy"
+LABEL = {"fedavg": "FedAvg", "fedmut": "FedMut", "fedqp": "FedQP"}
+
+
+def accuracy(setting: str, method: str, seed: int, r: int) -> float:
+    return 0.2 + r / 1000 + seed / 200 + OFFSET[setting, method][seed]
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """tmp/results/evidence/cells/<cell-id>/runs/<alg>/seed<N>/ + cell.json, like a sweep."""
+    root = tmp_path / "results" / "evidence"
+    for (setting, method), _ in OFFSET.items():
+        for seed in (0, 1):
+            cell = root / "cells" / f"{setting}_{LABEL[method]}_seed{seed}-0000000{seed}"
+            run_dir = cell / "runs" / method / f"seed{seed}"
+            run_dir.mkdir(parents=True)
+            last = 110 if (setting, method, seed) == STOPPED else ROUNDS
+            config = {"algorithm": method, "dataset": "cifar10", "model": "lenet-cifar",
+                      "partition": "iid" if setting == "iid" else "dirichlet",
+                      "dirichlet_alpha": 0.1, "rounds": ROUNDS, "seed": seed,
+                      "eval_every": 5, "run_dir": str(run_dir)}
+            (run_dir / "config.json").write_text(json.dumps(config))
+            (run_dir / "run.json").write_text(json.dumps(
+                {"config": config, "status": "running" if last < ROUNDS else "completed"}))
+            rows = [{"round": r, "train_loss": 1.0,
+                     **({"accuracy": accuracy(setting, method, seed, r), "loss": 1.5}
+                        if r % 5 == 0 else {})} for r in range(1, last + 1)]
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (cell / "cell.json").write_text(json.dumps(
+                {"paper_table": "fedmut_table1", "labels": {
+                    "dataset": "CIFAR-10", "model": "CNN", "heterogeneity": setting,
+                    "method": LABEL[method]}, "status": "completed"}))
+    return root
+
+
+def read_accuracies(root: Path, setting: str, method: str) -> dict[int, dict[int, float]]:
+    """seed -> round -> accuracy (%), straight from the metrics files."""
+    out = {}
+    for file in root.glob(f"cells/{setting}_*/runs/{method}/seed*/metrics.jsonl"):
+        rows = [json.loads(line) for line in file.read_text().splitlines()]
+        out[int(file.parent.name[4:])] = {r["round"]: 100 * r["accuracy"] for r in rows
+                                          if "accuracy" in r}
+    return out
+
+
+def by_hand(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}"
+
+
+def row_of(page: str, section: str, *cells: str) -> str:
+    """The table row starting with ``cells`` in the section headed ``## section``."""
+    part = page.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    (row,) = [line for line in part.splitlines()
+              if line.startswith("| " + " | ".join(cells) + " |")]
+    return row
+
+
+def test_page_numbers_match_the_metrics_files(results):
+    page, png = results_page.build_page(results)
+    assert page == results.parent / "README.md" and png.name == "evidence-curves.png"
+    assert png.stat().st_size > 0
+    text = page.read_text()
+    assert "](evidence-curves.png)" in text
+    for head in ("| dataset |",):  # every table's separator has as many columns as its head
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith(head):
+                assert lines[i + 1].count("|") == line.count("|"), line
+    for setting in ("dir=0.1", "iid"):
+        for method in ("fedavg", "fedmut", "fedqp"):
+            seeds = read_accuracies(results, setting, method)
+            row = row_of(text, OURS, "CIFAR-10", "CNN", setting, LABEL[method])
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            for column, r in zip(cells[6:10], (50, 100, 150, 200), strict=True):
+                reached = [acc[r] for acc in seeds.values() if max(acc) >= r]
+                expected = by_hand(reached) if reached else "—"
+                if 0 < len(reached) < len(seeds):
+                    expected += f" ({len(reached)} of {len(seeds)} seeds)"
+                assert column == expected, (setting, method, r)
+            finals = [acc[max(acc)] for acc in seeds.values()]
+            assert cells[10].startswith(by_hand(finals))
+    # Literal values: FedAvg dir=0.1 at round 50 is 25.00 (seed 0) and 25.50 (seed 1).
+    assert "| 25.25 ± 0.35 |" in row_of(text, OURS, "CIFAR-10", "CNN", "dir=0.1", "FedAvg")
+    # The run still going: 110 rounds, nothing at 150 and 200 for its seed.
+    stopped = row_of(text, OURS, "CIFAR-10", "CNN", "iid", "FedQP")
+    assert "| 200, 110 / 200 |" in stopped and "(rounds 110-200) |" in stopped
+    assert "| 36.00 (1 of 2 seeds) | 41.00 (1 of 2 seeds) |" in stopped
+    assert "- progress: 11 of 12 runs completed; the shortest has 110 rounds" in text
+
+
+def test_differences_beside_the_papers(results):
+    page, _ = results_page.build_page(results)
+    text = page.read_text()
+    mut = row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "dir=0.1", "FedMut − FedAvg")
+    # per seed at round 200: +2.00 and +3.00; FedMut Table 1: 51.25 - 47.93 = +3.32
+    assert "| +2.50 ± 0.71 | 0: 200, +2.00; 1: 200, +3.00 | +3.32 |" in mut
+    assert "FedMut 51.25, FedAvg 47.93 (fedmut_table1)" in mut
+    qp = row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "iid", "FedQP − FedAvg")
+    # seed 1's FedQP stopped at 110: paired with FedAvg's round 110; FedQP Table I iid:
+    # 61.15 - 57.46 = +3.69
+    assert "| +1.50 ± 0.71 | 0: 200, +1.00; 1: 110, +2.00 | +3.69 |" in qp
+    papers = row_of(text, PAPERS, "CIFAR-10", "CNN", "dir=0.1", "FedQP")
+    assert papers.endswith("| — | 53.04 |")  # FedMut Table 1 has no FedQP column
+    reading = text.split("## Reading")[1]
+    assert ("CIFAR-10, CNN, dir=0.1: the papers' ordering FedMut > FedAvg holds in every seed "
+            "(2 of 2) at round 200; the paper's difference is +3.32, ours +2.50.") in reading
+    assert ("CIFAR-10, CNN, iid: the papers' ordering FedMut > FedAvg does not hold (0 of 2 "
+            "seeds, mean -1.50)") in reading
+    assert "FedQP > FedAvg on average but not in every seed (1 of 2)" not in reading
+    assert "the papers' ordering FedQP > FedAvg does not hold (1 of 2 seeds, mean -1.00)" \
+        in reading  # dir=0.1: +1.00 and -3.00
+    assert "<!-- reading: TODO -->" in reading
+
+
+def test_regenerating_gives_the_same_page(results, tmp_path, capsys):
+    page, png = results_page.build_page(results)
+    first, picture = page.read_text(), png.read_bytes()
+    other = tmp_path / "again" / "README.md"
+    assert cli_main(["results-page", str(results), "--out", str(other)]) == 0
+    assert other.read_text() == first
+    assert (other.parent / "evidence-curves.png").read_bytes() == picture
+    results_page.build_page(results)
+    assert page.read_text() == first
+
+
+def test_empty_folder_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["results-page", str(tmp_path / "empty")]) == 2
+    assert "no run folders" in capsys.readouterr().err
