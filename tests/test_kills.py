@@ -1,7 +1,9 @@
 """Kill a run at every write point of its folder, and at random times, then resume it
-(issue 13): the folder must end equal to an uninterrupted run's, bit for bit, metrics,
-checkpoint and global_model.pt included, and say ``completed``."""
+(issue 13), and inside a client-state file's write (issue 25), then resume it: the folder
+must end equal to an uninterrupted run's, bit for bit, metrics, checkpoint and
+global_model.pt included, and say ``completed``."""
 
+import io
 import json
 import os
 import random
@@ -224,3 +226,94 @@ def test_reloading_a_finished_folder_writes_nothing(tmp_path):
     history = sim.run(_config(run_dir).replace(device="cpu", backend="auto"), progress=False)
     assert history.status == "completed"
     assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.name != "run.lock"} == files
+
+
+# ---- inside a client-state write (issue 25) ----------------------------------------------
+def _scaffold(run_dir) -> RunConfig:
+    """The same run with a method that writes client-state files (5 a round)."""
+    return _config(run_dir).replace(algorithm="scaffold", momentum=0.0)
+
+
+@pytest.fixture(scope="module")
+def scaffold_reference(tmp_path_factory):
+    """The uninterrupted SCAFFOLD run's folder, and how many client-state files it writes."""
+    from flnotes.engine import client_state
+
+    run_dir = tmp_path_factory.mktemp("scaffold") / "run"
+    real, count = client_state.write_atomically, [0]
+
+    def counting(path, write):
+        count[0] += 1
+        return real(path, write)
+
+    client_state.write_atomically = counting
+    try:
+        sim.run(_scaffold(run_dir), progress=False)
+    finally:
+        client_state.write_atomically = real
+    return {**_folder(run_dir), "client_states": _client_states(run_dir)}, count[0]
+
+
+def _client_states(run_dir) -> dict:
+    """The final checkpoint's client-state record (client -> round, client -> sha256 of its
+    file) and the bytes of every client-state file in the folder."""
+    record = torch.load(run_dir / "checkpoint.pt", weights_only=True)["strategy"]["clients"]
+    files = {p.name: p.read_bytes() for p in (run_dir / "client_states").rglob("*.pt")}
+    return {"record": record, "files": files}
+
+
+def _signalled_inside_state_write(point: int, sig: int):
+    """A SCAFFOLD run that sends itself ``sig`` halfway through the bytes of its point-th
+    client-state file (the .tmp file half written), then, if still alive, writes the rest."""
+    def body(run_dir):
+        from flnotes.engine import client_state
+
+        real, count = client_state.write_atomically, [0]
+
+        def halfway(path, write):
+            count[0] += 1
+            if count[0] != point:
+                return real(path, write)
+
+            def write_in_two(f):
+                buffer = io.BytesIO()
+                write(buffer)
+                data = buffer.getvalue()
+                f.write(data[: len(data) // 2])
+                f.flush()
+                os.kill(os.getpid(), sig)
+                f.write(data[len(data) // 2:])
+            return real(path, write_in_two)
+
+        client_state.write_atomically = halfway
+        try:
+            with sim.terminate_like_ctrl_c():  # SIGTERM as the command line takes it
+                sim.run(_scaffold(run_dir), progress=False)
+        except KeyboardInterrupt as stop:
+            os._exit(sim.exit_code(stop))
+    return body
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_signal_inside_a_client_state_write_resumes_identically(tmp_path, scaffold_reference,
+                                                                sig):
+    """SIGKILL leaves a half .tmp file and the old versions; SIGTERM waits for the file to
+    be whole, then stops the run as any SIGTERM does (143, run.json "interrupted"). Either
+    way the resumed folder equals the uninterrupted run's, bit for bit."""
+    want, writes = scaffold_reference
+    assert writes == 5 * ROUNDS  # 5 clients a round, each writes its control variate
+    for point in range(1, writes + 1):
+        run_dir = tmp_path / f"state{point}"
+        code = _in_child(lambda d=run_dir, p=point: _signalled_inside_state_write(p, sig)(d))
+        trial = f"{signal.Signals(sig).name} inside client-state write {point} of {writes}"
+        if sig == signal.SIGKILL:
+            assert code == -signal.SIGKILL, trial
+        else:
+            assert code == sim.EXIT_TERMINATED, trial
+            meta = json.loads((run_dir / "run.json").read_text())
+            assert meta["status"] == "interrupted", trial
+            assert not list(run_dir.rglob("*.tmp")), trial  # the write finished, or not at all
+        assert _in_child(lambda d=run_dir: sim.run(_scaffold(d), progress=False)) == 0, trial
+        _assert_same(_folder(run_dir), want, trial)
+        assert _client_states(run_dir) == want["client_states"], trial
+        assert not list(run_dir.rglob("*.tmp")), trial

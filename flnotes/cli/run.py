@@ -23,6 +23,10 @@ def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
     """Run one configuration (or its seeds), print each round as it ends, save a curve."""
     from flnotes.engine.sim import run
 
+    if config.run_dir is not None and not str(config.run_dir).strip():
+        # Else the run would save nothing and exit 0 (and put its curve in this folder).
+        raise ValueError(f"--run-dir {config.run_dir!r} is empty; name a folder, or leave "
+                         "the flag out to use runs/<algorithm>-<dataset>-...")
     config.check_device()  # before any data is loaded
     if seeds:
         return _run_seeds(config, seeds)

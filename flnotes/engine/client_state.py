@@ -15,9 +15,10 @@ Two modes:
 - **in memory** (``directory=None``, a run without a run folder): every state lives in a
   dict and :meth:`state_dict` carries them all. Fine for the toy and tests.
 - **on disk**: one file per (client, round the state was written), written atomically
-  (``torch.save`` to a ``.tmp`` file, fsync, ``os.replace``), so a crash mid-write leaves the
-  previous version whole. Only the held clients are in memory: FedUp's Table 5 (1,000
-  clients x ResNet-18, about 45 MB each) would need 45 GB otherwise.
+  (:func:`write_atomically`: a ``.tmp`` file, fsync, ``os.replace``, with Ctrl-C and SIGTERM
+  held until the file is in place or discarded), so a crash mid-write leaves the previous
+  version whole. Only the held clients are in memory: FedUp's Table 5 (1,000 clients x
+  ResNet-18, about 45 MB each) would need 45 GB otherwise.
 
 Why versions and not one file per client: the engine checkpoints every ``checkpoint_every``
 rounds and a resumed run restarts from the last checkpoint. Had round r+1 overwritten a
@@ -37,22 +38,120 @@ model) the first time it is held; it reaches the disk only when first put. State
 never changed in place: ``put`` replaces a client's entry, so a state_dict taken in memory
 mode stays as it was.
 
+What keeps a file the one the checkpoint means (issue 25): each file holds, beside the
+state, the client, the round and the run's settings hash (:attr:`ClientStateStore.settings_hash`,
+set by the engine's :func:`bind_stores`), and ``state_dict`` records each file's sha256. On
+:meth:`load_state_dict` (a resume, before its first round) every file the checkpoint names is
+checked: a missing, damaged (unreadable, or another sha256), foreign (another run's settings
+hash) or swapped (another client's or round's) file is a one-line :class:`ClientStateError`
+naming the file and what to do; a file read later in the run is checked again. Checkpoints
+written before the digests existed name plain state files: those are checked for being
+readable only.
+
+:func:`write_atomically` and :func:`deferred_signals` live here, the lowest module that
+writes run-folder files, and the engine's own writes (checkpoint, run.json) use them too.
+
 This module imports nothing from the algorithms (the engine sits beside them, not above).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import os
 import re
-from collections.abc import Callable, Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 State = dict[str, torch.Tensor]
 
 _FILE = re.compile(r"^client(\d+)\.round(\d+)\.pt$")
+# The key that marks a file written with its header (client, round, settings hash).
+_MARK = "flnotes_client_state"
+_START_OVER = "delete the run folder to start the run over"
+
+
+class ClientStateError(ValueError):
+    """A client-state file that cannot be used (one line: the file, what is wrong, what to do)."""
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then deliver them as they came.
+
+    A Ctrl-C inside ``torch.save`` leaves its zip writer half-done and surfaces as
+    ``RuntimeError: ... unexpected pos`` instead of a KeyboardInterrupt; held here, the write
+    finishes (or fails and is discarded) and the signal then acts as it would have: the
+    previous handler runs (KeyboardInterrupt, the command line's Terminated, or the default
+    action). Outside the main thread signals cannot be handled here: the block runs as is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum, frame):
+        received.append(signum)
+
+    before = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is None:  # set outside Python: it could not be put back
+                continue
+            before[sig] = signal.signal(sig, hold)
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(received):  # each once, in the order they came
+            signal.raise_signal(sig)
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file whole or not at all: ``write(f)`` into ``PATH.tmp``, fsync, rename.
+
+    Signals are held meanwhile (:func:`deferred_signals`); on any failure (a full disk, an
+    interrupt that got through) the ``.tmp`` file is removed and the old file, if any, stays.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with deferred_signals():
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        with contextlib.suppress(OSError):  # the rename itself on disk (best effort)
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+
+
+def _is_state(value: Any) -> bool:
+    """A state: names -> tensors."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items())
+
+
+def bind_stores(strategy: Any, settings_hash: str) -> list[ClientStateStore]:
+    """Give a strategy's stores (its attributes that are one) the run's settings hash."""
+    stores = [v for v in vars(strategy).values() if isinstance(v, ClientStateStore)]
+    for store in stores:
+        store.settings_hash = settings_hash
+    return stores
 
 
 def store_directory(run_dir: str | os.PathLike | None, name: str) -> Path | None:
@@ -76,6 +175,12 @@ class ClientStateStore:
         # Version maps that a checkpoint on disk may name (the previous state_dict call's or
         # the loaded one); their files survive pruning.
         self._protected: dict[int, int] = {}
+        # On disk: client -> sha256 (hex) of its current file (None: not known, a file named
+        # by a checkpoint written before digests were recorded).
+        self._digests: dict[int, str | None] = {}
+        # The run's settings hash, written into each file and checked on reading (None: a
+        # store used on its own; files then carry "" and any hash is accepted).
+        self.settings_hash: str | None = None
 
     # ---- the round's clients ---------------------------------------------------------
     @property
@@ -113,8 +218,9 @@ class ClientStateStore:
             if previous is not None and round < previous:
                 raise ValueError(f"client {client} already has a state of round {previous}; "
                                  f"cannot put one of round {round}")
-            self._write(client, round, state)
+            digest = self._write(client, round, state)
             self._versions[client] = round  # only after the file is whole and in place
+            self._digests[client] = digest
         self._held[client] = state
 
     def release(self) -> None:
@@ -149,7 +255,7 @@ class ClientStateStore:
         versions = dict(self._versions)
         self._prune(keep=[versions, self._protected])
         self._protected = versions
-        return {"versions": versions}
+        return {"versions": versions, "digests": {c: self._digests.get(c) for c in versions}}
 
     def load_state_dict(self, values: dict[str, Any]) -> None:
         """Return to the states a :meth:`state_dict` recorded."""
@@ -161,12 +267,15 @@ class ClientStateStore:
         if "versions" not in values:
             raise ValueError("this checkpoint was saved by an in-memory client state store; "
                              "resume it without a run folder")
-        self._versions = {int(c): int(r) for c, r in values["versions"].items()}
-        self._protected = dict(self._versions)
-        missing = [c for c, r in self._versions.items() if not self._path(c, r).exists()]
-        if missing:
-            raise FileNotFoundError(f"{self.directory} lacks the states of clients "
-                                    f"{missing[:5]} that the checkpoint names")
+        versions = {int(c): int(r) for c, r in values["versions"].items()}
+        digests = {int(c): d for c, d in (values.get("digests") or {}).items()}
+        # Every file the checkpoint names, checked now: before the first resumed round, not
+        # when its client is next sampled, hours later.
+        for client, round in sorted(versions.items()):
+            self._verify(client, round, digests.get(client))
+        self._versions = versions
+        self._digests = {c: digests.get(c) for c in versions}
+        self._protected = dict(versions)
 
     # ---- files ---------------------------------------------------------------------------
     def _path(self, client: int, round: int) -> Path:
@@ -176,18 +285,69 @@ class ClientStateStore:
         round = self._versions.get(client)
         if round is None:
             return self.factory(client)
-        return torch.load(self._path(client, round), map_location=self.device,
-                          weights_only=True)
+        data = self._verify(client, round, self._digests.get(client))
+        record = self._load(self._path(client, round), data, self.device)
+        return record["state"] if _MARK in record else record  # plain: from before headers
 
-    def _write(self, client: int, round: int, state: State) -> None:
+    def _write(self, client: int, round: int, state: State) -> str:
+        """Write a client's state of a round (atomically); returns the file's sha256."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        record = {_MARK: 1, "client": client, "round": round,
+                  "settings_hash": self.settings_hash or "", "state": state}
+        with deferred_signals():  # serialising too: torch.save must not be cut halfway
+            buffer = io.BytesIO()
+            torch.save(record, buffer)
+            data = buffer.getbuffer()  # no second copy of a state that may be 45 MB
+            write_atomically(self._path(client, round), lambda f: f.write(data))
+        return hashlib.sha256(data).hexdigest()
+
+    def _verify(self, client: int, round: int, digest: str | None) -> bytes:
+        """The bytes of a client's file, checked (see module doc); ClientStateError if not."""
         path = self._path(client, round)
-        tmp = path.with_suffix(".pt.tmp")
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
+        what = f"client {client}'s state after round {round}"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ClientStateError(f"{path} is missing ({what}, named by the run's checkpoint); "
+                                   f"put it back, or {_START_OVER}") from None
+        except OSError as err:
+            raise ClientStateError(f"cannot read {path} ({what}): {err.strerror or err}; "
+                                   f"fix its permissions, or {_START_OVER}") from None
+        if digest is not None and hashlib.sha256(data).hexdigest() == digest:
+            return data  # the very bytes written: nothing more to check
+        record = self._load(path, data, "cpu")
+        if isinstance(record, dict) and _MARK in record:
+            theirs = record.get("settings_hash")
+            if self.settings_hash and theirs and theirs != self.settings_hash:
+                raise ClientStateError(
+                    f"{path} belongs to another run (settings hash {str(theirs)[:12]}, this "
+                    f"run's {self.settings_hash[:12]}); put back this run's file, or "
+                    f"{_START_OVER}")
+            if (record.get("client"), record.get("round")) != (client, round):
+                raise ClientStateError(
+                    f"{path} holds client {record.get('client')}'s state after round "
+                    f"{record.get('round')}, not {what} (a swapped or renamed file); put back "
+                    f"the right file, or {_START_OVER}")
+            if not _is_state(record.get("state")):
+                raise ClientStateError(f"{path} is damaged (no state in it); {_START_OVER}")
+        elif digest is not None or not _is_state(record):
+            raise ClientStateError(f"{path} is damaged (not a client-state file); "
+                                   f"{_START_OVER}")
+        if digest is not None:
+            raise ClientStateError(f"{path} is damaged (its sha256 differs from the one the "
+                                   f"checkpoint recorded); {_START_OVER}")
+        return data  # a file named by a checkpoint from before digests: readable
+
+    @staticmethod
+    def _load(path: Path, data: bytes, device) -> Any:
+        """What a client-state file holds (tensors onto ``device``), or ClientStateError."""
+        try:
+            return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+        except Exception as err:  # truncated, empty, garbage: torch raises many kinds
+            reason = " ".join(str(err).split())
+            reason = f": {reason}" if 0 < len(reason) <= 80 else ""
+            raise ClientStateError(f"{path} is damaged and cannot be read "
+                                   f"({type(err).__name__}{reason}); {_START_OVER}") from None
 
     def _prune(self, keep: list[dict[int, int]]) -> None:
         """Delete files (and half-written .tmp files) that none of ``keep`` names."""

@@ -21,6 +21,7 @@ faster), the seeds run one after another.
 
 from __future__ import annotations
 
+import numbers
 import time
 
 import torch
@@ -30,13 +31,21 @@ from flnotes.algorithms.base import ClientResult
 from flnotes.engine.backends import resolve_backend, round_config, train_clients
 from flnotes.engine.batched.stacked import train_supervised
 from flnotes.engine.history import History
-from flnotes.engine.sim import Simulation, run
+from flnotes.engine.sim import Simulation, check_config, run
 from flnotes.engine.tasks import build_task
 
 
 def seed_configs(config, seeds: list[int]) -> list:
     """One config per seed; a run folder gets one subfolder per seed (``seed<N>``)."""
+    check_config(config, "run_seeds")
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+        raise TypeError(f"run_seeds expects a list of seeds (integers), got "
+                        f"{type(seeds).__name__} {seeds!r:.40}")
     seeds = list(seeds)
+    odd = [s for s in seeds if isinstance(s, bool) or not isinstance(s, numbers.Integral)]
+    if odd:
+        raise TypeError(f"run_seeds expects integer seeds, got {odd[0]!r:.40} "
+                        f"({type(odd[0]).__name__})")
     if not seeds:
         raise ValueError("run_seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -51,9 +60,14 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
         return [run(c, progress=progress) for c in configs]
     sims: list[Simulation] = []
-    for c in configs:  # one at a time, so at most two copies of the data exist at once
-        first = sims[0].task if sims else None
-        sims.append(Simulation(c, task=share_identical_data(build_task(c), first)))
+    try:
+        for c in configs:  # one at a time, so at most two copies of the data exist at once
+            first = sims[0].task if sims else None
+            sims.append(Simulation(c, task=share_identical_data(build_task(c), first)))
+    except BaseException:  # a seed's folder refused: the seeds opened so far let go of theirs
+        for sim in sims:
+            sim.release()
+        raise
     waiting = [sim for sim in sims if sim.running]
     first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
     bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
@@ -79,8 +93,22 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[Histor
             if sim.running:
                 sim.interrupt()
         raise
+    except Exception as err:  # an error: every run still going is marked failed
+        bar.close()
+        for sim in sims:
+            if sim.running:
+                sim.fail(err)
+            sim.release()
+        raise
     bar.close()
-    return [sim.finish() for sim in sims]
+    try:
+        return [sim.finish() for sim in sims]
+    except Exception as err:  # e.g. a full disk while writing the last models
+        for sim in sims:
+            if not sim.finished:
+                sim.fail(err)
+            sim.release()
+        raise
 
 
 def share_identical_data(task, first):

@@ -3,7 +3,9 @@
 A run folder (``config.run_dir``) holds ``config.json``, ``metrics.jsonl`` (one line per
 round), ``run.json`` (status: running, completed, diverged or interrupted by Ctrl-C; the
 round of the last checkpoint; environment, code version), ``checkpoint.pt`` and, at the
-end, ``global_model.pt``. Running a config on an existing folder resumes from the last
+end, ``global_model.pt``; the methods that keep per-client state add ``client_states/``
+(:mod:`flnotes.engine.client_state`). A run that ends in an error (anything but Ctrl-C or
+SIGTERM) is marked ``failed`` with the error's one line (run.json ``"error"``). Running a config on an existing folder resumes from the last
 checkpoint; because every random draw is derived from (seed, round, purpose), the
 resumed run ends in the same state as an uninterrupted one.
 
@@ -21,7 +23,14 @@ What keeps a folder's results its own:
   written; a model found missing is rebuilt from the last checkpoint;
 - damaged files: a ``checkpoint.pt`` or ``config.json`` that cannot be read is a one-line
   :class:`RunFolderError` naming the file (``run.json`` and ``metrics.jsonl`` are rewritten
-  from the checkpoint on resume).
+  from the checkpoint on resume); so is a client-state file the checkpoint names that is
+  missing, damaged, another run's or another client's or round's, found before the first
+  resumed round (the checkpoint records each file's sha256);
+- writes: every file but metrics.jsonl is written whole or not at all (a ``.tmp`` file,
+  fsync, rename; :func:`~flnotes.engine.client_state.write_atomically`), with Ctrl-C and
+  SIGTERM held until the write is done, so an interrupt mid-write stops the run as any
+  interrupt does; a disk that is full or cannot be written is the one line "cannot write to
+  run folder R: ..." (no ``.tmp`` left), and the folder resumes once it can be written.
 """
 
 from __future__ import annotations
@@ -43,6 +52,12 @@ from tqdm.auto import tqdm
 
 from flnotes.algorithms import algorithm_class, build_strategy, settings_of
 from flnotes.engine.backends import train_clients
+from flnotes.engine.client_state import (
+    ClientStateError,
+    bind_stores,
+    deferred_signals,
+    write_atomically,
+)
 from flnotes.engine.history import History, code_version, environment_info
 from flnotes.engine.state import clone_state, state_is_finite
 from flnotes.engine.tasks import build_task, resolve_device
@@ -57,6 +72,24 @@ RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile
 
 class RunFolderError(ValueError):
     """A run folder that cannot be used for this run (one line: the folder or file, and why)."""
+
+
+def check_config(config, caller: str = "run") -> None:
+    """A one-line TypeError for something that is not a RunConfig (a dict, a path, None),
+    and a ValueError for an empty run_dir, before anything deep inside trips on them.
+
+    The engine does not import config (the layer above): a RunConfig is what has
+    ``resolved``, ``replace`` and ``to_dict``.
+    """
+    if not all(callable(getattr(config, name, None))
+               for name in ("resolved", "replace", "to_dict")):
+        hint = (": build one with RunConfig.from_dict(values)" if isinstance(config, dict)
+                else ": build one with RunConfig(...)")
+        raise TypeError(f"{caller}() expects a RunConfig, got {type(config).__name__}{hint}")
+    run_dir = getattr(config, "run_dir", None)
+    if run_dir is not None and not str(run_dir).strip():
+        raise ValueError(f"{caller}(): run_dir={run_dir!r} is empty; give a folder, or "
+                         "run_dir=None to run without one")
 
 
 def result_settings(config, *, seed: bool = True) -> dict:
@@ -96,6 +129,7 @@ class Simulation:
     """
 
     def __init__(self, config, *, task=None) -> None:
+        check_config(config, "Simulation")
         self.config = config = config.resolved()
         config.check_device()  # before loading data: "no GPU here", not a CUDA traceback
         self.task = task if task is not None else build_task(config)
@@ -106,6 +140,8 @@ class Simulation:
         self.history = History(config=config.to_dict(), environment=environment,
                                code_version=code_version(), run_dir=config.run_dir)
         self.strategy = build_strategy(config, initial_state(config, self.task))
+        # Its client-state files carry, and are checked against, this run's settings.
+        bind_stores(self.strategy, settings_hash(config))
         self.start_round = 1
         self.run_dir = Path(config.run_dir) if config.run_dir else None
         self.finished = False  # a completed or diverged folder: nothing left to run
@@ -113,12 +149,15 @@ class Simulation:
         self._lock = None  # the open run.lock while this run holds its folder
         # CPU threads of the start this run resumes, where they differ from this one's.
         self.threads_changed: int | None = None
+        self.error: str | None = None  # a failed run's error, one line
         if self.run_dir is not None:
             self._lock = lock_folder(self.run_dir)
             try:
-                self._open_folder()
+                with _writing(self.run_dir):
+                    self._open_folder()
             except BaseException as stop:
-                if isinstance(stop, KeyboardInterrupt) and self.checkpoint_round is not None:
+                if isinstance(stop, KeyboardInterrupt) and self.checkpoint_round is not None \
+                        and not self.finished:
                     self.interrupt()  # the folder was read: it says it was stopped
                 self.release()
                 raise
@@ -128,11 +167,22 @@ class Simulation:
             if not self.finished:
                 self.interrupt()
             raise
+        except Exception as err:
+            if not self.finished:
+                self.fail(err)
+            raise
 
     def _open_folder(self) -> None:
-        config, history, run_dir = self.config, self.history, self.run_dir
         self.checkpoint_round = None  # not known (nor run.json right) until the folder is read
-        self.start_round = _prepare_folder(run_dir, config, history, self.strategy)
+        # Checks and reads first (a Ctrl-C there leaves the folder as it was), then the writes
+        # with Ctrl-C held until run.json is right, so that an interrupt marks it interrupted.
+        saved = _check_folder(self.run_dir, self.config, self.strategy)
+        with deferred_signals():
+            self._start_folder(saved)
+
+    def _start_folder(self, saved: dict | None) -> None:
+        config, history, run_dir = self.config, self.history, self.run_dir
+        self.start_round = _start_folder(run_dir, config, history, saved)
         self.checkpoint_round = self.start_round - 1
         before = _starts(run_dir) if self.start_round > 1 else []
         threads = history.environment.get("cpu_threads")
@@ -195,6 +245,10 @@ class Simulation:
 
     def end_round(self, rnd: int, clients, starts, results, seconds: float) -> dict:
         """Aggregate, evaluate, record and checkpoint; returns the round's metrics row."""
+        with _writing(self.run_dir):  # aggregate writes client states too
+            return self._end_round(rnd, clients, starts, results, seconds)
+
+    def _end_round(self, rnd: int, clients, starts, results, seconds: float) -> dict:
         config, history, strategy = self.config, self.history, self.strategy
         tic = time.perf_counter()
         new_global = strategy.aggregate(rnd, results)
@@ -225,9 +279,23 @@ class Simulation:
         """Record that the run was stopped (Ctrl-C, SIGTERM): status "interrupted" in run.json
         too, and let go of the folder."""
         self.history.status = "interrupted"
+        self._record_end()
+
+    def fail(self, err: BaseException) -> None:
+        """Record that the run ended in an error: status "failed" and the error's one line in
+        run.json (``tables`` lists failed runs apart), and let go of the folder."""
+        self.history.status = "failed"
+        self.error = f"{type(err).__name__}: {' '.join(str(err).split())}"
+        self._record_end()
+
+    def _record_end(self) -> None:
+        """run.json for a run that stops here (if the folder was read), then release it."""
         if self.run_dir is not None and self._lock is not None \
                 and self.checkpoint_round is not None:
-            _write_meta(self.run_dir, self.history, self.checkpoint_round)
+            # Best effort: a full disk that stopped the run may refuse run.json too; the
+            # checkpoint, not run.json, is what a resume starts from.
+            with contextlib.suppress(OSError):
+                _write_meta(self.run_dir, self.history, self.checkpoint_round, self.error)
         self.release()
 
     def finish(self) -> History:
@@ -246,11 +314,12 @@ class Simulation:
         history.final_state = self.strategy.global_state
         if self.run_dir is not None:
             last = history.rows[-1]["round"] if history.rows else 0
-            _save_checkpoint(self.run_dir, last, self.strategy, history, self.config,
-                             meta=False)
-            _atomic_save(self.strategy.global_state, self.run_dir / "global_model.pt")
-            self.checkpoint_round = last
-            _write_meta(self.run_dir, history, last)
+            with _writing(self.run_dir):
+                _save_checkpoint(self.run_dir, last, self.strategy, history, self.config,
+                                 meta=False)
+                _atomic_save(self.strategy.global_state, self.run_dir / "global_model.pt")
+                self.checkpoint_round = last
+                _write_meta(self.run_dir, history, last)
         self.finished = True
         self.release()
         return history
@@ -264,13 +333,19 @@ def run(config, *, progress: bool = True, task=None,
     command line prints it there, so a redirected log grows while the run goes on). With
     ``progress``, a resumed run says so. Ctrl-C marks the run folder "interrupted" and
     re-raises the KeyboardInterrupt; running the config again resumes from the checkpoint.
+    Any other error marks it "failed" (with the error) and is re-raised.
     """
+    check_config(config)
     sim = Simulation(config, task=task)
     try:
         return _run_rounds(sim, progress, on_round)
     except KeyboardInterrupt:  # wherever it lands, before, in or after a round
         if not sim.finished:
             sim.interrupt()
+        raise
+    except Exception as err:
+        if not sim.finished:
+            sim.fail(err)
         raise
     finally:
         sim.release()
@@ -435,6 +510,20 @@ def lock_folder(run_dir: Path):
     return handle
 
 
+@contextlib.contextmanager
+def _writing(run_dir: Path | None):
+    """An OSError while the block writes the run folder (a full disk, a folder made
+    read-only, deleted) is the one line "cannot write to run folder R: why"."""
+    if run_dir is None:
+        yield
+        return
+    try:
+        yield
+    except OSError as err:
+        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
+                             ) from None
+
+
 def _os_reason(err: OSError) -> str:
     """'Is a directory', 'Permission denied', ...: an OSError without its errno prefix."""
     where = f" ({err.filename})" if getattr(err, "filename", None) else ""
@@ -510,9 +599,9 @@ def _load_checkpoint(checkpoint: Path, config) -> dict:
     return saved
 
 
-def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
-    """Check the (locked) folder holds this config and resume, or start it; returns the
-    next round. Nothing is written before every check has passed."""
+def _check_folder(run_dir: Path, config, strategy) -> dict | None:
+    """Check the (locked) folder holds this config, and load its checkpoint (None: none)
+    into the strategy; nothing is written here (:func:`_start_folder` writes)."""
     config_file = run_dir / "config.json"
     if config_file.exists():
         stored = _read_json(config_file, "; delete it (the checkpoint keeps the settings) "
@@ -530,6 +619,18 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
             f"run folder {run_dir} holds {held} rounds (its checkpoint), more than the "
             f"{config.rounds} asked; ask for rounds >= {held} to resume or reload it, or "
             "choose another run_dir for a shorter run")
+    if saved is not None:
+        try:  # its client-state files are checked here, before anything is written
+            strategy.load_state_dict(saved["strategy"])
+        except ClientStateError as err:
+            raise RunFolderError(str(err)) from None
+    return saved
+
+
+def _start_folder(run_dir: Path, config, history: History, saved: dict | None) -> int:
+    """Start the checked folder (config.json, metrics, run.json) or resume its checkpoint
+    ``saved``; returns the next round."""
+    config_file = run_dir / "config.json"
     finished = saved is not None and (saved["status"] == "diverged" or (
         saved["status"] == "completed" and int(saved["round"]) >= config.rounds))
     try:
@@ -539,7 +640,6 @@ def _prepare_folder(run_dir: Path, config, history: History, strategy) -> int:
             _write_text(run_dir / "metrics.jsonl", "")
             _write_meta(run_dir, history, 0)
             return 1
-        strategy.load_state_dict(saved["strategy"])
         history.rows = list(saved["rows"])
         history.status = saved["status"]
         # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
@@ -577,14 +677,18 @@ def _starts(run_dir: Path) -> list[dict]:
 
 
 def _append_row(run_dir: Path, row: dict) -> None:
-    with open(run_dir / "metrics.jsonl", "a") as f:
+    # Appended, not renamed (a half line is skipped on reading), but whole if interrupted.
+    with deferred_signals(), open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 
 
-def _write_meta(run_dir: Path, history: History, checkpoint_round: int) -> None:
+def _write_meta(run_dir: Path, history: History, checkpoint_round: int,
+                error: str | None = None) -> None:
     # checkpoint_round: what an interrupted run can resume from, without loading the .pt.
     meta = {k: v for k, v in history.summary().items() if k != "rows"}
     meta["checkpoint_round"] = checkpoint_round
+    if error is not None:  # a failed run: why, in one line
+        meta["error"] = error
     _write_json(run_dir / "run.json", meta)
 
 
@@ -594,9 +698,8 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    data = text.encode()
+    write_atomically(path, lambda f: f.write(data))
 
 
 def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History, config,
@@ -610,7 +713,6 @@ def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History, config
 
 
 def _atomic_save(obj, path: Path) -> None:
-    """Write to a temporary file and rename, so a killed run never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """Write to a temporary file and rename, so a killed run never leaves half a file (and
+    a Ctrl-C inside torch.save waits for it: see :func:`write_atomically`)."""
+    write_atomically(path, lambda f: torch.save(obj, f))
