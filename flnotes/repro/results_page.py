@@ -169,7 +169,8 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
             if not curves:
                 continue
             x, mean, low, high = mean_band(curves)
-            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+            seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
+            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({seeds})")
             if len(curves) > 1:
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
         ax.set_title(", ".join(setting), fontsize=10)
