@@ -140,6 +140,8 @@ def test_fml_figs_from_its_table_grid(smoke):
 def test_fedup_figs_2_and_3(smoke, tmp_path):
     _, (ax,), _ = drawn("fedup-fig2", smoke["fedup_figures"])
     assert legend(ax) == ["FedAvg", "FedUp"] and ax.get_title() == "clients=500"
+    assert figures._natural("clients=500") < figures._natural("clients=1020")
+    assert figures._natural("dir=0.1") < figures._natural("dir=1.0") < figures._natural("iid")
     with pytest.raises(ValueError, match="no runs for fedup-fig3"):
         drawn("fedup-fig3", smoke["fedup_figures"])  # the smoke runs no Shakespeare cell
     fake_run(tmp_path, "shakespeare-fedavg", {"dataset": "Shakespeare", "model": "LSTM"},

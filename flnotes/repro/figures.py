@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -322,13 +323,22 @@ def _panels(figure: Figure, runs: list[Run]) -> list[tuple[str, list[Run], Calla
     groups: dict[tuple, list[Run]] = {}
     for run in chosen:
         groups.setdefault(tuple(run.value(k) for k in figure.split), []).append(run)
-    order = sorted(groups, key=lambda key: [(0, float(v)) if isinstance(v, (int, float))
-                                            else (1, str(v)) for v in key])
+    order = sorted(groups, key=lambda key: [_natural(v) for v in key])
     titles = [", ".join(f"{k} = {_number(v)}" if k not in ("dataset", "model",
                                                            "heterogeneity") else str(v)
                         for k, v in zip(figure.split, key, strict=True)) for key in order]
     return [(f"({chr(97 + i)}) {title}" if len(order) > 1 else title, groups[key],
              figure.line) for i, (key, title) in enumerate(zip(order, titles, strict=True))]
+
+
+def _natural(value) -> tuple:
+    """Sort key: numbers by value, text with its numbers read as numbers (clients=500 before
+    clients=1020)."""
+    if isinstance(value, (int, float)):
+        return (0, float(value), ())
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(value))
+    return (1, 0.0, tuple((0, float(p), "") if i % 2 else (1, 0.0, p)
+                          for i, p in enumerate(parts)))
 
 
 @dataclass
