@@ -50,6 +50,13 @@ class Strategy:
     settings_not_read: tuple[str, ...] = ()
     default_weighting = "samples"
     default_client_test_fraction = 0.0
+    # What a checkpoint keeps beside the global model: attribute -> kind, or (kind, key) when
+    # the checkpoint's key differs from the attribute's name. Kinds: "state" (a name ->
+    # tensor dict, or None), "states" (a list of them), "client_states" ({client: state}),
+    # "int", "float", "tensor" (kept on the CPU in float32), "object" (anything with
+    # state_dict/load_state_dict: a client-state store, an optimizer, a module). A subclass
+    # adds to its parents' declarations.
+    checkpointed: dict[str, str | tuple[str, str]] = {}
     # True when the strategy trains clients itself (FML's two models) via local_update.
     custom_local_update = False
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
@@ -219,9 +226,80 @@ class Strategy:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything the strategy needs to resume (tensors, numbers, lists, dicts)."""
-        return {"global_state": self.global_state}
+        """Everything the strategy needs to resume: the global model and each attribute named
+        in ``checkpointed`` (its own and its parents'), under its checkpoint key."""
+        values: dict[str, Any] = {"global_state": self.global_state}
+        for attribute, (kind, key) in _checkpointed(type(self)).items():
+            value = getattr(self, attribute)
+            if value is not None:
+                values[key] = _saved(kind, value)
+        return values
 
     def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
+        """Restore what :meth:`state_dict` saved.
+
+        A key a checkpoint lacks leaves the attribute as the constructor made it when that is
+        None (nothing to restore yet: FedMut before its first aggregation) or a number (a
+        counter an older version did not save); for anything else it is an error, not a
+        silent restart from the initial value.
+        """
         self.global_state = OrderedDict(values["global_state"])
+        for attribute, (kind, key) in _checkpointed(type(self)).items():
+            current = getattr(self, attribute)
+            if key not in values or values[key] is None:
+                if current is None or kind in ("int", "float"):
+                    continue
+                raise ValueError(f"the checkpoint has no {key!r} for {self.name}: it was "
+                                 "written by another version of flnotes; start the run over")
+            if kind == "object":
+                if current is not None:
+                    current.load_state_dict(values[key])
+                continue
+            setattr(self, attribute, _restored(kind, values[key]))
+
+
+_KINDS = ("state", "states", "client_states", "int", "float", "tensor", "object")
+
+
+def _checkpointed(cls) -> dict[str, tuple[str, str]]:
+    """attribute -> (kind, checkpoint key), over the class and its parents."""
+    out: dict[str, tuple[str, str]] = {}
+    for klass in reversed(cls.__mro__):
+        for attribute, spec in klass.__dict__.get("checkpointed", {}).items():
+            kind, key = (spec, attribute) if isinstance(spec, str) else spec
+            if kind not in _KINDS:
+                raise TypeError(f"{cls.__name__}.checkpointed[{attribute!r}]: kind {kind!r} is "
+                                f"not one of {_KINDS}")
+            out[attribute] = (kind, key)
+    return out
+
+
+def _saved(kind: str, value: Any) -> Any:
+    """What a checkpoint stores of one attribute."""
+    if kind == "states":
+        return list(value)
+    if kind == "client_states":
+        return {int(c): s for c, s in value.items()}
+    if kind == "object":
+        saved = value.state_dict()
+        if isinstance(value, torch.nn.Module):  # a copy: the module trains on after saving
+            saved = OrderedDict((k, v.detach().clone()) for k, v in saved.items())
+        return saved
+    return value
+
+
+def _restored(kind: str, saved: Any) -> Any:
+    """An attribute's value from what a checkpoint stored (kinds as in Strategy.checkpointed)."""
+    if kind == "state":
+        return OrderedDict(saved)
+    if kind == "states":
+        return [OrderedDict(s) for s in saved]
+    if kind == "client_states":
+        return {int(c): OrderedDict(s) for c, s in saved.items()}
+    if kind == "int":
+        return int(saved)
+    if kind == "float":
+        return float(saved)
+    if kind == "tensor":
+        return saved.to("cpu", torch.float32).clone()
+    return saved

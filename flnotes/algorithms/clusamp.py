@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -222,6 +221,7 @@ class CluSamp(Strategy):
     """FedAvg with clustered sampling by update similarity (Algorithm 2)."""
 
     name = "clusamp"
+    checkpointed = {"updates": "tensor"}
     label = "CluSamp"
     settings = (
         Setting("clusamp_distance", "cosine", "CluSamp: distance between clients' last updates "
@@ -291,11 +291,3 @@ class CluSamp(Strategy):
         return {"clusters": float(self.num_groups)}
 
     # ---- checkpoints ------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Global model and the representative gradients (the clustering's input)."""
-        return {**super().state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.updates = values["updates"].to("cpu", torch.float32).clone()

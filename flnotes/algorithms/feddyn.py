@@ -44,7 +44,6 @@ Decisions:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -67,6 +66,7 @@ class FedDyn(Strategy):
     """FedAvg with a per-client linear term and a server that adds the clients' mean drift."""
 
     name = "feddyn"
+    checkpointed = {"drift": "state", "store": ("object", "clients")}
     label = "FedDyn"
     runs_on_flower = False  # clients keep their gradient state between rounds
     settings = (
@@ -136,14 +136,3 @@ class FedDyn(Strategy):
             mean[n] = mean[n] + self.drift[n]
         self.global_state = mean
         return mean
-
-    def state_dict(self) -> dict[str, Any]:
-        """Global model, D and the store's record of the client drifts."""
-        return {"global_state": self.global_state, "drift": self.drift,
-                "clients": self.store.state_dict()}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.drift = OrderedDict(values["drift"])
-        self.store.load_state_dict(values["clients"])

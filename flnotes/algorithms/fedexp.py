@@ -44,7 +44,6 @@ Decisions where the paper leaves room:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -81,6 +80,7 @@ class FedExP(Strategy):
     """FedAvg with FedExP's adaptive server extrapolation."""
 
     name = "fedexp"
+    checkpointed = {"iterate": "state", "last_step": "float", "previous_iterate": "state"}
     label = "FedExP"
     settings = (
         Setting("fedexp_eps", 1e-3, "FedExP: eps in the server step size max(1, sum "
@@ -136,17 +136,3 @@ class FedExP(Strategy):
         return {"server_step": self.last_step}
 
     # ---- checkpoints ------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Evaluated model, both iterates and the last step size."""
-        values = {**super().state_dict(), "iterate": self.iterate, "last_step": self.last_step}
-        if self.previous_iterate is not None:
-            values["previous_iterate"] = self.previous_iterate
-        return values
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.iterate = OrderedDict(values["iterate"])
-        previous = values.get("previous_iterate")
-        self.previous_iterate = OrderedDict(previous) if previous is not None else None
-        self.last_step = float(values["last_step"])

@@ -77,9 +77,7 @@ Decisions where the paper leaves room (the authors' code, zhuangdizhu/FedGen):
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -142,6 +140,7 @@ class FedGen(Strategy):
     """FedAvg with a server-trained feature generator that regularises the clients' heads."""
 
     name = "fedgen"
+    checkpointed = {"generator": "object", "optimizer": ("object", "generator_optimizer")}
     label = "FedGen"
     runs_on_flower = False  # the server trains a generator from the clients' heads
     settings = (
@@ -336,18 +335,3 @@ class FedGen(Strategy):
         return dict(self.last_losses)
 
     # ---- checkpoints ---------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The global model, G with its BatchNorm statistics, and G's Adam state."""
-        values = super().state_dict()
-        if self.generator is not None:
-            values["generator"] = OrderedDict(
-                (k, v.detach().clone()) for k, v in self.generator.state_dict().items())
-            values["generator_optimizer"] = self.optimizer.state_dict()
-        return values
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        if self.generator is not None and "generator" in values:
-            self.generator.load_state_dict(values["generator"])
-            self.optimizer.load_state_dict(values["generator_optimizer"])

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -171,6 +170,7 @@ class FedMR(Strategy):
     """Federated Model Recombination, with two-stage training and the FedMR-p variant."""
 
     name = "fedmr"
+    checkpointed = {"local_states": "states"}
     label = "FedMR"
     settings = (
         Setting("stage1_rounds", 0, "FedMR: rounds of plain FedAvg before recombination starts",
@@ -232,14 +232,6 @@ class FedMR(Strategy):
         """The round's mean pairwise cosine similarity of the local models (Fig. 6)."""
         return {"model_similarity": mean_pairwise_cosine(self.local_states)}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Global model and the kept local models, so a resumed run recombines the same."""
-        return {"global_state": self.global_state, "local_states": list(self.local_states)}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.local_states = [OrderedDict(s) for s in values.get("local_states", [])]
 
 
 class Indep(FedMR):

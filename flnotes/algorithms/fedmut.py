@@ -26,7 +26,6 @@ Decisions where the paper leaves room:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -43,6 +42,7 @@ class FedMut(Strategy):
     """FedAvg whose clients train from stochastic mutants of the global model."""
 
     name = "fedmut"
+    checkpointed = {"previous_state": "state"}
     label = "FedMut"
     default_weighting = "uniform"  # the official code averages with equal weights
     settings = (
@@ -97,15 +97,3 @@ class FedMut(Strategy):
         return self.global_state
 
     # ---- checkpoints ------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The global model and, once there is one, the previous global model."""
-        values = super().state_dict()
-        if self.previous_state is not None:
-            values["previous_state"] = self.previous_state
-        return values
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        previous = values.get("previous_state")
-        self.previous_state = OrderedDict(previous) if previous is not None else None

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -130,6 +129,8 @@ class FedSAM(Strategy):
     """FedAvg with SAM's two-pass local step (``adaptive`` False) or ASAM's (True)."""
 
     name = "fedsam"
+    checkpointed = {"iterate": "state", "swa_models": "int", "swa_state": "state",
+                    "default_swa_start": "int"}
     label = "FedSAM"
     settings = (
         Setting("sam_rho", 0.05, "FedSAM/FedASAM: ascent radius rho of the local SAM step",
@@ -223,26 +224,6 @@ class FedSAM(Strategy):
         """With SWA: how many models the reported mean holds."""
         return {"swa_models": float(self.swa_models)} if self.config.swa else {}
 
-    def state_dict(self) -> dict[str, Any]:
-        """The reported model, FedAvg's iterate, the SWA mean with its count and, once fixed,
-        the default SWA start."""
-        values = {**super().state_dict(), "iterate": self.iterate,
-                  "swa_models": self.swa_models}
-        if self.swa_state is not None:
-            values["swa_state"] = self.swa_state
-        if self.default_swa_start is not None:
-            values["default_swa_start"] = self.default_swa_start
-        return values
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.iterate = OrderedDict(values.get("iterate", values["global_state"]))
-        swa = values.get("swa_state")
-        self.swa_state = OrderedDict(swa) if swa is not None else None
-        self.swa_models = int(values.get("swa_models", 0))
-        start = values.get("default_swa_start")  # absent: not fixed yet, or an older folder
-        self.default_swa_start = int(start) if start is not None else None
 
 
 class FedASAM(FedSAM):

@@ -38,7 +38,6 @@ Decisions (the code, where the paper is silent):
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -56,6 +55,7 @@ class FedSMOO(FedDyn):
     """FedDyn with a sharpness-aware step whose perturbation is steered by mu_i and s."""
 
     name = "fedsmoo"
+    checkpointed = {"perturbation": "state", "duals": "object"}
     label = "FedSMOO"
     settings_not_read = ("feddyn_alpha",)  # smoo_alpha is its regulariser's weight
     settings = (
@@ -146,13 +146,3 @@ class FedSMOO(FedDyn):
         return super().aggregate(round, results)
 
     # ---- checkpoints ---------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """FedDyn's state, s and the store's record of the mu_i."""
-        return {**super().state_dict(), "perturbation": self.perturbation,
-                "duals": self.duals.state_dict()}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.perturbation = OrderedDict(values["perturbation"])
-        self.duals.load_state_dict(values["duals"])

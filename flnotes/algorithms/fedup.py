@@ -40,7 +40,6 @@ Decisions:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -71,6 +70,7 @@ class FedUp(Strategy):
     """FedAvg whose clients add FedUp's estimated global-loss upper bound to their loss."""
 
     name = "fedup"
+    checkpointed = {"previous_global": "state"}
     label = "FedUp"
     settings = (
         Setting("fedup_alpha", 0.01, "FedUp: penalty weight alpha of the upper-bound term "
@@ -104,12 +104,3 @@ class FedUp(Strategy):
         self.previous_global = self.global_state
         self.global_state = self.average(results)
         return self.global_state
-
-    def state_dict(self) -> dict[str, Any]:
-        """Global model and X^(t-1), so a resumed run has the same linear term."""
-        return {"global_state": self.global_state, "previous_global": self.previous_global}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.previous_global = OrderedDict(values["previous_global"])

@@ -186,6 +186,7 @@ class FML(Strategy):
     """Federated mutual learning: meme models are averaged, personal models stay local."""
 
     name = "fml"
+    checkpointed = {"personal": "client_states"}
     label = "FML"
     settings = (
         Setting("personal_weight", 0.5, "FML a: cross-entropy weight in the personal model's "
@@ -363,13 +364,3 @@ class FML(Strategy):
             for name, values in sorted(by_model.items()):
                 row[f"personal_model_accuracy_{name}"] = sum(values) / len(values)
         return row
-
-    def state_dict(self) -> dict:
-        """Global model plus every personal model (client -> state)."""
-        return {"global_state": self.global_state,
-                "personal": {int(c): s for c, s in self.personal.items()}}
-
-    def load_state_dict(self, values: dict) -> None:
-        """Restore the global model and the personal models."""
-        super().load_state_dict(values)
-        self.personal = {int(c): OrderedDict(s) for c, s in values.get("personal", {}).items()}

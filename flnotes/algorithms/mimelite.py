@@ -32,7 +32,6 @@ the paper is silent):
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -62,6 +61,7 @@ class MimeLite(Strategy):
     """FedAvg whose clients step with the server's momentum, held fixed within a round."""
 
     name = "mimelite"
+    checkpointed = {"momentum": "state"}
     label = "MimeLite"
     own_momentum_note = "the server's momentum mime_beta"
     runs_on_flower = False  # clients need the server's momentum and full-batch gradients
@@ -129,15 +129,3 @@ class MimeLite(Strategy):
         return mean
 
     # ---- checkpoints ---------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The global model and the server's momentum."""
-        values = super().state_dict()
-        if self.momentum is not None:
-            values["momentum"] = self.momentum
-        return values
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        saved = values.get("momentum")
-        self.momentum = OrderedDict(saved) if saved is not None else None

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections import OrderedDict
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +84,7 @@ class MOON(Strategy):
     """FedAvg with MOON's model-contrastive term on the projection head's output."""
 
     name = "moon"
+    checkpointed = {"initial": "state", "store": ("object", "clients")}
     label = "MOON"
     runs_on_flower = False  # each client keeps its previous local model
     settings = (
@@ -191,13 +190,3 @@ class MOON(Strategy):
         return super().aggregate(round, results)
 
     # ---- checkpoints ---------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The global model, the initial model and the store's record of previous models."""
-        return {**super().state_dict(), "initial": self.initial,
-                "clients": self.store.state_dict()}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.initial = OrderedDict(values["initial"])
-        self.store.load_state_dict(values["clients"])

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -93,6 +92,7 @@ class Scaffold(Strategy):
     """FedAvg whose local gradients are corrected by control variates c - c_i."""
 
     name = "scaffold"
+    checkpointed = {"control": "state", "store": ("object", "clients")}
     label = "SCAFFOLD"
     runs_on_flower = False  # clients keep control variates the server reads back
     settings = (
@@ -154,14 +154,3 @@ class Scaffold(Strategy):
                                    for n, c in self.control.items())
         self.global_state = mean
         return mean
-
-    def state_dict(self) -> dict[str, Any]:
-        """Global model, server variate and the store's record of the client variates."""
-        return {"global_state": self.global_state, "control": self.control,
-                "clients": self.store.state_dict()}
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        self.control = OrderedDict(values["control"])
-        self.store.load_state_dict(values["clients"])

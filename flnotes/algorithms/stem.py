@@ -34,7 +34,6 @@ Decisions where the paper leaves room:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
@@ -61,6 +60,7 @@ class STEM(Strategy):
     """Local STORM momentum d on each client; the server averages models and momenta."""
 
     name = "stem"
+    checkpointed = {"direction": "state"}
     label = "STEM"
     own_momentum_note = "STEM's local momentum d, set by stem_a"
     runs_on_flower = False  # x and d are both sent and averaged
@@ -129,15 +129,3 @@ class STEM(Strategy):
         return super().aggregate(round, results)
 
     # ---- checkpoints ---------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The global model and the server's d."""
-        values = super().state_dict()
-        if self.direction is not None:
-            values["direction"] = self.direction
-        return values
-
-    def load_state_dict(self, values: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        super().load_state_dict(values)
-        saved = values.get("direction")
-        self.direction = OrderedDict(saved) if saved is not None else None
