@@ -36,7 +36,8 @@ from flnotes.messages import did_you_mean
 DESCRIPTION = """\
 Federated-learning methods to run, study and compare with their papers. Commands: run
 (train one configuration), demo (the quick-start job), presets (the papers' settings), sweep
-(a YAML grid of notebook runs) and tables (the papers' tables with our results beside them).
+(a YAML grid of notebook runs), tables (the papers' tables with our results beside them),
+figures (the papers' figures from a sweep's results) and results-page (results/README.md).
 `python -m flnotes COMMAND --help` lists a command's flags."""
 
 
