@@ -202,3 +202,182 @@ def test_runs_on_the_toy(name):
     history = run(config, progress=False)
     assert history.status == "completed" and len(history.rows) == 4
     assert all(torch.isfinite(t).all() for t in history.final_state.values())
+
+
+# ---- the files' integrity (issue 25) -------------------------------------------------------
+def _two_clients(directory, settings="run-a"):
+    """A store with clients 0 and 1 written in round 1, and its checkpoint record."""
+    store = ClientStateStore(directory, zeros)
+    store.settings_hash = settings
+    store.hold([0, 1])
+    store.put(0, state(1), 1)
+    store.put(1, state(2), 1)
+    store.release()
+    return store, store.state_dict()
+
+
+def _resume(directory, checkpoint, settings="run-a"):
+    store = ClientStateStore(directory, zeros)
+    store.settings_hash = settings
+    store.load_state_dict(checkpoint)
+    return store
+
+
+def test_files_carry_their_client_round_and_run_and_the_checkpoint_their_digest(tmp_path):
+    import hashlib
+
+    _, checkpoint = _two_clients(tmp_path / "s")
+    path = tmp_path / "s" / "client0000001.round0000001.pt"
+    record = torch.load(path, weights_only=True)
+    assert (record["client"], record["round"], record["settings_hash"]) == (1, 1, "run-a")
+    assert same(record["state"], state(2))
+    assert checkpoint["versions"] == {0: 1, 1: 1}
+    assert checkpoint["digests"][1] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert same(_resume(tmp_path / "s", checkpoint).hold([1])[0], state(2))
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _foreign(directory):
+    """Client 1's file of round 1 from another run (other settings), in its place."""
+    other, _ = _two_clients(directory.parent / "other", settings="run-b")
+    name = "client0000001.round0000001.pt"
+    (directory / name).write_bytes((other.directory / name).read_bytes())
+
+
+def _swap(directory):
+    a, b = directory / "client0000000.round0000001.pt", directory / "client0000001.round0000001.pt"
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+DAMAGE = {
+    "missing": (lambda d: (d / "client0000001.round0000001.pt").unlink(), "is missing"),
+    "empty": (lambda d: (d / "client0000001.round0000001.pt").write_bytes(b""),
+              "is damaged and cannot be read"),
+    "garbage": (lambda d: (d / "client0000001.round0000001.pt").write_bytes(b"garbage" * 9),
+                "is damaged and cannot be read"),
+    "truncated": (lambda d: (d / "client0000001.round0000001.pt").write_bytes(
+        (d / "client0000001.round0000001.pt").read_bytes()[:200]), "is damaged"),
+    "a byte flipped": (lambda d: _flip_a_byte(d / "client0000001.round0000001.pt"),
+                       "is damaged"),
+    "foreign": (_foreign, "belongs to another run"),
+    "swapped": (_swap, "(a swapped or renamed file)"),
+    "not a state": (lambda d: torch.save({"x": 1}, d / "client0000001.round0000001.pt"),
+                    "is damaged (not a client-state file)"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_resume_refuses_a_bad_file_in_one_line_naming_it(tmp_path, damage):
+    from flnotes.engine.client_state import ClientStateError
+
+    _, checkpoint = _two_clients(tmp_path / "s")
+    make, expected = DAMAGE[damage]
+    make(tmp_path / "s")
+    with pytest.raises(ClientStateError) as err:
+        _resume(tmp_path / "s", checkpoint)
+    message = str(err.value)
+    assert "\n" not in message and expected in message, message
+    named = "client0000000.round0000001.pt" if damage == "swapped" else \
+        "client0000001.round0000001.pt"
+    assert str(tmp_path / "s" / named) in message and "delete the run folder" in message
+
+
+def test_a_file_damaged_during_the_run_is_one_line_when_read(tmp_path):
+    from flnotes.engine.client_state import ClientStateError
+
+    store, _ = _two_clients(tmp_path / "s")
+    _flip_a_byte(tmp_path / "s" / "client0000000.round0000001.pt")
+    with pytest.raises(ClientStateError, match=r"^[^\n]*client0000000\.round0000001\.pt is "
+                                                r"damaged"):
+        store.hold([0])
+
+
+def test_checkpoints_from_before_the_digests_still_resume(tmp_path):
+    """A folder written before issue 25: plain state files, a record of versions only."""
+    from flnotes.engine.client_state import ClientStateError
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    torch.save(state(5), folder / "client0000002.round0000003.pt")
+    store = _resume(folder, {"versions": {2: 3}})
+    assert same(store.hold([2])[0], state(5))
+    (folder / "client0000002.round0000003.pt").write_bytes(b"oops")
+    with pytest.raises(ClientStateError, match="cannot be read"):
+        _resume(folder, {"versions": {2: 3}})
+
+
+def test_a_full_disk_leaves_no_tmp_file_and_the_old_version(tmp_path, monkeypatch):
+    import errno
+
+    from flnotes.engine import client_state
+
+    store, checkpoint = _two_clients(tmp_path / "s")
+    real = client_state.write_atomically
+
+    def disk_full(path, write):
+        def half_then_full(f):
+            f.write(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, half_then_full)
+
+    monkeypatch.setattr(client_state, "write_atomically", disk_full)
+    store.hold([0])
+    with pytest.raises(OSError, match="No space left on device"):
+        store.put(0, state(9), 2)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "client0000000.round0000001.pt", "client0000001.round0000001.pt"]
+    monkeypatch.setattr(client_state, "write_atomically", real)
+    store.release()
+    assert same(store.hold([0])[0], state(1))  # still round 1's
+    assert same(_resume(tmp_path / "s", checkpoint).hold([0])[0], state(1))
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_write_waits_for_the_file(tmp_path, monkeypatch, sig):
+    """The signal lands halfway through torch.save (which, cut there, would raise
+    'RuntimeError: ... unexpected pos'): the file is written whole, then the interrupt."""
+    import os
+    import signal
+
+    from flnotes.engine.sim import Terminated, terminate_like_ctrl_c
+
+    store, _ = _two_clients(tmp_path / "s")
+    real_save = torch.save
+    signum = getattr(signal, sig)
+
+    def signalled_save(obj, f, *args, **kwargs):
+        os.kill(os.getpid(), signum)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", signalled_save)
+    store.hold([0])
+    with terminate_like_ctrl_c(), pytest.raises(KeyboardInterrupt) as stop:
+        store.put(0, state(7), 2)
+    assert isinstance(stop.value, Terminated) == (sig == "SIGTERM")
+    monkeypatch.setattr(torch, "save", real_save)
+    assert not list((tmp_path / "s").glob("*.tmp"))
+    written = torch.load(tmp_path / "s" / "client0000000.round0000002.pt", weights_only=True)
+    assert same(written["state"], state(7))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_deferred_signals_hold_and_deliver_once(monkeypatch):
+    import os
+    import signal
+
+    from flnotes.engine.client_state import deferred_signals
+
+    done = []
+    with pytest.raises(KeyboardInterrupt), deferred_signals():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("the block ran to its end")
+    assert done == ["the block ran to its end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -59,8 +59,7 @@ def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
     from flnotes.plots import plot_learning_curves
 
     fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
-    png = Path(config.run_dir) / "learning_curve.png"
-    fig.savefig(png, dpi=120)
+    png = _save_curve(fig, Path(config.run_dir) / "learning_curve.png")
     print(f"status: {history.status}; run folder: {config.run_dir}; curve: {png}")
     return 0 if history.status == "completed" else 1
 
@@ -104,10 +103,24 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
           "last-evaluations mean)")
     fig = plot_learning_curves({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
                                title=f"{_curve_title(config)}, {len(seeds)} seeds")
-    png = Path(config.run_dir) / "learning_curves.png"
-    fig.savefig(png, dpi=120)
+    png = _save_curve(fig, Path(config.run_dir) / "learning_curves.png")
     print(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
     return 0 if all(h.status == "completed" for h in histories) else 1
+
+
+def _save_curve(fig, png: Path) -> str:
+    """Save the curve; a disk that refuses it is a warning (the run itself is saved)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(png, dpi=120)
+    except OSError as err:
+        print(f"warning: cannot write {png}: {err.strerror or err}; the run folder holds the "
+              "metrics", file=sys.stderr)
+        return "not written"
+    finally:
+        plt.close(fig)  # a long-lived process (a notebook, tests) would keep every figure
+    return str(png)
 
 
 def _number(value: float) -> str:

@@ -312,7 +312,7 @@ class ClientStateStore:
                                    f"put it back, or {_START_OVER}") from None
         except OSError as err:
             raise ClientStateError(f"cannot read {path} ({what}): {err.strerror or err}; "
-                                   f"fix its permissions, or {_START_OVER}") from None
+                                   f"make it readable, or {_START_OVER}") from None
         if digest is not None and hashlib.sha256(data).hexdigest() == digest:
             return data  # the very bytes written: nothing more to check
         record = self._load(path, data, "cpu")

@@ -502,11 +502,16 @@ def lock_folder(run_dir: Path):
         handle.close()
         raise RunFolderError(f"run folder {run_dir} is in use by {holder}; wait for that run "
                              "to end, or choose another run_dir") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                 f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        handle.flush()
+    except OSError as err:  # a full disk
+        handle.close()
+        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
+                             ) from None
     return handle
 
 
