@@ -30,6 +30,7 @@ from flnotes.engine.sim import run
 # The two readings of each baseline: (label, settings on top of fedmut-official's setup).
 PAPER = {name: value for name, value in RunConfig(algorithm="fedgen").settings_read().items()}
 VARIANTS = {
+    "fedavg": [("FedAvg (reference)", {})],
     "fedexp": [("FedExP paper (eps 1e-3)", {"fedexp_eps": 1e-3, "fedexp_eps_per_client": False}),
                ("seed code (eps 0.1 x M)", {"fedexp_eps": 0.1, "fedexp_eps_per_client": True})],
     "fedgen": [("FedGen authors (flnotes default)", PAPER),
@@ -44,7 +45,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--methods", default="fedexp,fedgen")
+    parser.add_argument("--methods", default="fedavg,fedexp,fedgen")
     parser.add_argument("--out", default="results/seed-code-baselines/comparison.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
