@@ -1,5 +1,7 @@
 """RunConfig validation: each bad value raises ValueError naming field, value and rule."""
 
+import json
+
 import pytest
 
 from flnotes.config import RunConfig, config_field_names, field_names
@@ -112,3 +114,24 @@ def test_every_field_has_a_help_line():
 
     assert set(FIELD_HELP) == set(field_names())
     assert all(text and "\n" not in text for text in FIELD_HELP.values())
+
+
+def test_paths_and_numpy_values_are_taken_and_wrong_types_refused_in_one_line():
+    """issue 25: a pathlib.Path is the path it names, numpy numbers the numbers they hold
+    (data options included); a wrong type is a one-line ValueError, never an AttributeError."""
+    from pathlib import Path
+
+    import numpy as np
+
+    config = RunConfig(run_dir=Path("/tmp/somewhere"), data_dir=Path("/tmp/data"),
+                       data_options={"num_train": np.int64(100)}, seed=np.int64(2))
+    assert config.run_dir == "/tmp/somewhere" and config.data_dir == "/tmp/data"
+    assert type(config.data_options["num_train"]) is int and type(config.seed) is int
+    assert json.loads(config.to_json())["run_dir"] == "/tmp/somewhere"
+    for changes in ({"run_dir": 123}, {"data_dir": 123}, {"partition_manifest": 123},
+                    {"algorithm": "fml", "personal_models": ["mlp"]}, {"record_states": "no"},
+                    {"download": "yes"}, {"dataset": None}, {"algorithm": 3}):
+        with pytest.raises(ValueError) as err:
+            RunConfig(**changes)
+        named = [k for k in changes if k != "algorithm"] or ["algorithm"]
+        assert "\n" not in str(err.value) and named[0] in str(err.value)

@@ -292,6 +292,8 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
         hint = did_you_mean(unknown[0], known)
         raise ValueError(f"unknown RunConfig field(s) {unknown}{hint}; valid fields: {known}")
     values = {k: _plain(v) for k, v in values.items()}
+    if isinstance(values.get("data_options"), dict):  # np.int64(100) is the loader's 100
+        values["data_options"] = {k: _plain(v) for k, v in values["data_options"].items()}
     # A method setting given as None takes its method's default (a notebook's parameter
     # "alpha = None  # the method's default"), unless None has a meaning of its own there.
     values = {k: v for k, v in values.items() if v is not None or k in common
@@ -442,13 +444,15 @@ def _problems(c: RunConfig):
         yield bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     # Each given method setting against its declaration (the chosen method's, if it reads
     # it), then the chosen method's own checks across its settings.
+    setting_problems = []
     for name, value in c.method_settings.items():
         declared = _declarations(name)
         setting = declared.get(c.algorithm) or next(iter(declared.values()))
         problem = setting.problem(value)
         if problem:
-            yield bad(name, problem)
-    if cls is not None:
+            setting_problems.append(bad(name, problem))
+    yield from setting_problems
+    if cls is not None and not setting_problems:  # its checks may assume well-typed values
         yield from cls.config_problems(c)
 
 
