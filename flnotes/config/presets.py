@@ -93,9 +93,9 @@ def fedmut_paper() -> dict[str, Any]:
     momentum 0.9, 15 rounds): on these standardised inputs flnotes diverged on 3 of 4 seeds and
     the seed authors' own FedMut code, fed the same pixels, on 1 of 2; on the code's inputs,
     Normalize(0.5, 0.5), which are half as large, both stay finite on most seeds (flnotes 4 of
-    6, the seed code 5 of 6 here and in the issue's check). So the paper's momentum 0.9 is usable with
-    the code's input scaling (--data-option normalize=fedmut-code); run both when reproducing
-    Table 1.
+    6, the seed code 5 of 6 here and in the issue's check). So the paper's momentum 0.9 is
+    usable with the code's input scaling (--data-option normalize=fedmut-code); run both when
+    reproducing Table 1.
 
     Inputs: each channel standardised with the dataset's own mean and std (data option
     normalize="dataset", the default); the paper does not say how it scales inputs.
