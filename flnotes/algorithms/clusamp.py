@@ -39,7 +39,9 @@ Learning, clustered_sampling; read for behaviour, nothing copied):
   code's "cosine", the angle arccos of the cosine similarity; "l2" the squared Euclidean
   distance, "l1" the L1 distance (the code's other two). FedQP says CluSamp clusters "based
   on the cosine similarity between client gradient updates"; FedMut and FedMR say "model
-  gradient similarity".
+  gradient similarity". The seed papers' code (the FedMR authors' repository, main_fed.py
+  ClusteredSampling with utils/options.py --sim_type) defaults to "L1": the ``*-official``
+  presets set ``clusamp_distance="l1"``, flnotes' default keeps the paper's angle.
 - Ward linkage on the rows of the distance matrix as observation vectors (each client is
   described by its distances to all clients), as the authors' code calls
   ``scipy.cluster.hierarchy.linkage(matrix, "ward")``; Ward proper needs Euclidean

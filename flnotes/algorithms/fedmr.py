@@ -235,7 +235,13 @@ class FedMR(Strategy):
 
 
 class Indep(FedMR):
-    """Independent training (FedMR Sec. 3): local models shuffled whole, never aggregated."""
+    """Independent training (FedMR Sec. 3): local models shuffled whole, never aggregated.
+
+    The seed code (Algorithm/Training_FedIndenp.py) keeps model i in slot i and gives slot i
+    to the i-th of the round's randomly drawn clients; flnotes draws a random permutation of
+    whole models over the sorted clients. Either way each model meets a uniformly random
+    client each round, so the two are the same process in distribution.
+    """
 
     name = "indep"
     label = "Indep"

@@ -69,6 +69,11 @@ Decisions (the authors' code, main.py and fedavg_server.py, where the paper is s
   model that round s starts from; that first average replaces the copy, weight 1).
 - Every float entry is averaged, BatchNorm statistics included, as FedAvg averages them;
   the code averages the parameters only and keeps the statistics of round s.
+- The seed papers' FedASAM (the FedMR authors' repository, Algorithm/Training_FedASAM.py)
+  hard-codes rho = 0.1 and eta = 0 where ASAM and the FedASAM authors' script use rho 0.5,
+  eta 0.01 (flnotes' defaults); the ``*-official`` presets set ``sam_rho=0.1, asam_eta=0``.
+  That shipped script also reads ``args.ensemble_alpha``, which its own FedASAM path never
+  sets, and stops with AttributeError before training as published.
 """
 
 from __future__ import annotations
