@@ -23,10 +23,16 @@ def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
     """Run one configuration (or its seeds), print each round as it ends, save a curve."""
     from flnotes.engine.sim import run
 
+    if seeds is not None and not seeds:  # --seeds "": else one seed would run, silently
+        raise ValueError("--seeds names no seed; give them like --seeds 0,1,2, or leave the "
+                         "flag out to run the one --seed")
     if config.run_dir is not None and not str(config.run_dir).strip():
         # Else the run would save nothing and exit 0 (and put its curve in this folder).
         raise ValueError(f"--run-dir {config.run_dir!r} is empty; name a folder, or leave "
                          "the flag out to use runs/<algorithm>-<dataset>-...")
+    if config.run_dir is not None and "\0" in str(config.run_dir):
+        raise ValueError(f"--run-dir {str(config.run_dir)!r:.80} holds a NUL byte; name a "
+                         "folder")
     config.check_device()  # before any data is loaded
     if seeds:
         return _run_seeds(config, seeds)

@@ -5,9 +5,10 @@ round), ``run.json`` (status: running, completed, diverged or interrupted by Ctr
 round of the last checkpoint; environment, code version), ``checkpoint.pt`` and, at the
 end, ``global_model.pt``; the methods that keep per-client state add ``client_states/``
 (:mod:`flnotes.engine.client_state`). A run that ends in an error (anything but Ctrl-C or
-SIGTERM) is marked ``failed`` with the error's one line (run.json ``"error"``). Running a config on an existing folder resumes from the last
-checkpoint; because every random draw is derived from (seed, round, purpose), the
-resumed run ends in the same state as an uninterrupted one.
+SIGTERM) is marked ``failed`` with the error's one line (run.json ``"error"``). Running a
+config on an existing folder resumes from the last checkpoint; because every random draw is
+derived from (seed, round, purpose), the resumed run ends in the same state as an
+uninterrupted one.
 
 What keeps a folder's results its own:
 
@@ -90,6 +91,9 @@ def check_config(config, caller: str = "run") -> None:
     if run_dir is not None and not str(run_dir).strip():
         raise ValueError(f"{caller}(): run_dir={run_dir!r} is empty; give a folder, or "
                          "run_dir=None to run without one")
+    if run_dir is not None and "\0" in str(run_dir):  # else "embedded null byte", unnamed
+        raise ValueError(f"{caller}(): run_dir={str(run_dir)!r:.80} holds a NUL byte; give a "
+                         "folder's name")
 
 
 def result_settings(config, *, seed: bool = True) -> dict:
@@ -486,10 +490,10 @@ def lock_folder(run_dir: Path):
     ends, so a lock left by a killed run is taken over without a word. Returns the open
     lock file (closing it lets go).
     """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunFolderError(f"run folder {run_dir} is a file, not a folder; choose another "
-                             "run_dir")
     try:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise RunFolderError(f"run folder {run_dir} is a file, not a folder; choose "
+                                 "another run_dir")
         run_dir.mkdir(parents=True, exist_ok=True)
         handle = open(run_dir / "run.lock", "a+")
     except OSError as err:
