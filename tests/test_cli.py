@@ -178,3 +178,22 @@ def test_a_preset_keeps_its_data_options_on_the_command_line():
     assert other.data_options == {"normalize": "dataset"}
     # Without a preset an unset flag still means no options.
     assert config_from_args(parser.parse_args(["run"])).data_options == {}
+
+
+def test_an_unexpected_error_is_one_line_with_how_to_see_more(monkeypatch, capsys):
+    """A fault below the command line (a CUDA error, a bug) is one line, exit 1, and
+    FLNOTES_TRACEBACK=1 shows where."""
+    import sys
+
+    cli = sys.modules["flnotes.cli.main"]  # flnotes.cli.main is also the function's name
+
+    def broken(args):
+        raise RuntimeError("CUDA error: an illegal memory access\nwas encountered")
+
+    monkeypatch.setattr(cli, "cmd_run", broken)
+    assert cli.main(["run", *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RuntimeError: CUDA error" in err and "FLNOTES_TRACEBACK" in err
+    monkeypatch.setenv("FLNOTES_TRACEBACK", "1")
+    with pytest.raises(RuntimeError):
+        cli.main(["run", *SMALL])

@@ -332,3 +332,25 @@ def test_finished_folders_are_reported_as_such_and_download_may_change(tiny_conf
     # Fetching the data or not changes no result: the folder is the same run.
     again = run(config.replace(download=not config.download), progress=False)
     assert again.rows == first.rows
+
+
+def test_batches_are_drawn_lazily_and_equal_one_shuffle_per_epoch_up_front():
+    """issue 25: memory must not grow with the number of local steps. iter_batches draws the
+    same shuffles as one randperm per epoch drawn up front (the reference below), across its
+    chunk boundaries, and its first batch comes without drawing every epoch's."""
+    import time
+
+    from flnotes.engine.train import iter_batches
+    from flnotes.rng import torch_generator
+
+    size, epochs, batch = 300_001, 7, 70_000  # chunks of 3 epochs: 3 + 3 + 1
+    reference_gen, lazy_gen = torch_generator(0, "x"), torch_generator(0, "x")
+    order = torch.cat([torch.randperm(size, generator=reference_gen) for _ in range(epochs)])
+    reference = [order[e * size + s: e * size + min(s + batch, size)]
+                 for e in range(epochs) for s in range(0, size, batch)]
+    lazy = list(iter_batches(size, epochs, batch, lazy_gen))
+    assert len(lazy) == len(reference) and all(torch.equal(a, b)
+                                               for a, b in zip(lazy, reference, strict=True))
+    tic = time.perf_counter()
+    first = next(iter(iter_batches(60, 10**8, 50, torch_generator(0, "y"))))  # 10^8 epochs
+    assert len(first) == 50 and time.perf_counter() - tic < 10

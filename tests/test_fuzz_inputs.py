@@ -112,9 +112,7 @@ MISUSE_CASES = [
     ("negative seed in seeds", run_argv("--seeds", "-1")),
     ("seeds empty", run_argv("--seeds", "")),
     ("unknown preset", ["run", "--preset", "fedmut-papr"]),
-    # cli/main.py reads `if args.preset:`, so "" runs without a preset (a gap, reported).
-    pytest.param("empty preset", run_argv("--preset", ""), marks=pytest.mark.xfail(
-        strict=True, reason="cli/main.py treats --preset '' as no preset")),
+    ("empty preset", run_argv("--preset", "")),
     ("preset with a bad override", ["run", "--preset", "fedmut-paper", "--rounds", "0"]),
     ("presets: unknown", ["presets", "nope"]),
     ("tables: missing folder", ["tables", "/nonexistent/flnotes-results"]),

@@ -254,7 +254,7 @@ class FML(Strategy):
     def local_update(self, task, round: int, client: int, start,
                      generator: torch.Generator) -> ClientResult:
         """DML of the meme (forked from ``start``) and the personal model over local epochs."""
-        from flnotes.engine.train import batch_schedule  # train imports algorithms: import lazily
+        from flnotes.engine.train import iter_batches  # train imports algorithms: import lazily
 
         cfg = self.config
         x, y = task.client_data(client)
@@ -268,7 +268,7 @@ class FML(Strategy):
                                 weight_decay=cfg.weight_decay) for m in (personal, meme)]
         meme_ces, personal_ces = [], []
         # Same batch order as every other method's local SGD for this (seed, round, client).
-        for idx in batch_schedule(len(y), cfg.local_epochs, cfg.batch_size, generator, x.device):
+        for idx in iter_batches(len(y), cfg.local_epochs, cfg.batch_size, generator, x.device):
             xb = x[idx]
             personal_out = personal(xb)
             # Several tasks: the meme on this client's slice of classes, labels shifted to it.

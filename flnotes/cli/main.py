@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 import typing
@@ -179,7 +180,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     values = {k: v for k, v in vars(args).items() if k in set(field_names())}
     if "data_options" in values:
         values["data_options"] = dict(values["data_options"] or [])
-    if getattr(args, "preset", None):
+    if getattr(args, "preset", None) is not None:  # "" is an unknown preset, not none
         if "data_options" in values:  # KEY=VALUE adds to (or changes) the preset's options
             preset_options = RunConfig.from_preset(args.preset).data_options
             values["data_options"] = {**preset_options, **values["data_options"]}
@@ -330,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:
         print("interrupted", file=sys.stderr)
         return exit_code(stop)
+    except Exception as err:  # a fault below (a CUDA error, a bug): one line, not a traceback
+        print(f"error: {type(err).__name__}: {_one_line(err)} (unexpected; set "
+              "FLNOTES_TRACEBACK=1 to see where)", file=sys.stderr)
+        if os.environ.get("FLNOTES_TRACEBACK"):
+            raise
+        return 1
     if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         print(f"done in {time.perf_counter() - tic:.1f} s")
     return code

@@ -359,8 +359,10 @@ def _problems(c: RunConfig):
             yield bad(name, "must be a string (or None for the default)")
     for name in _PATH_FIELDS:
         value = getattr(c, name)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            yield bad(name, "must be a path (a non-empty string or os.PathLike) or None")
+        if value is not None and (not isinstance(value, str) or not value.strip()
+                                  or "\0" in value):
+            yield bad(name, "must be a path (a non-empty string or os.PathLike, no NUL byte) "
+                      "or None")
     for name in ("download", "record_states"):
         if not isinstance(getattr(c, name), bool):
             yield bad(name, "must be true or false")

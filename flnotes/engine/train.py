@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -25,6 +25,34 @@ from flnotes.engine.state import clone_state
 from flnotes.rng import torch_generator
 
 
+def iter_batches(
+    num_samples: int,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    device: torch.device | str | None = None,
+) -> Iterator[torch.Tensor]:
+    """Row indices of every local step, in order: a fresh shuffle per epoch, the last batch
+    of an epoch may be short.
+
+    The shuffles are drawn a chunk of epochs at a time (about a million indices), so memory
+    does not grow with the number of local steps; with ``device`` each chunk goes there in
+    one copy (a copy per step would make a GPU finish the previous step first). The draws are
+    the same, in the same order, as one shuffle per epoch drawn up front.
+    """
+    chunk = max(1, 2**20 // max(num_samples, 1))
+    for first in range(0, epochs, chunk):
+        count = min(chunk, epochs - first)
+        order = torch.cat([torch.randperm(num_samples, generator=generator)
+                           for _ in range(count)])
+        if device is not None:
+            order = order.to(device)
+        for e in range(count):
+            for s in range(0, num_samples, batch_size):
+                yield order[e * num_samples + s: e * num_samples + min(s + batch_size,
+                                                                      num_samples)]
+
+
 def batch_schedule(
     num_samples: int,
     epochs: int,
@@ -32,16 +60,9 @@ def batch_schedule(
     generator: torch.Generator,
     device: torch.device | str | None = None,
 ) -> list[torch.Tensor]:
-    """Row indices of every local step: a fresh shuffle per epoch, last batch may be short.
-
-    With ``device`` the indices go there in one copy: a copy per step would make a GPU
-    finish the previous step first.
-    """
-    order = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(epochs)])
-    if device is not None:
-        order = order.to(device)
-    return [order[e * num_samples + s: e * num_samples + min(s + batch_size, num_samples)]
-            for e in range(epochs) for s in range(0, num_samples, batch_size)]
+    """Every step's row indices at once (:func:`iter_batches` as a list), for callers that
+    need the whole schedule; a training loop iterates :func:`iter_batches` instead."""
+    return list(iter_batches(num_samples, epochs, batch_size, generator, device))
 
 
 def client_generator(config, round: int, client: int) -> torch.Generator:
@@ -84,7 +105,7 @@ def local_sgd(
     anchor = {n: t.detach() for n, t in (start if anchor is None else anchor).items()}
     opt = torch.optim.SGD(params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     losses = []
-    for idx in batch_schedule(len(y), epochs, batch_size, generator, x.device):
+    for idx in iter_batches(len(y), epochs, batch_size, generator, x.device):
         xb, yb = x[idx], y[idx]
         teacher_out = None
         if teacher is not None:
