@@ -178,7 +178,7 @@ def test_controls_that_do_nothing_are_disabled_with_a_reason():
 
     race = widgets.race_explorer(algorithm="fedup", seeds=2, rounds=2)
     assert race.controls["alpha"].disabled and "penalty weight" in race.reasons["alpha"].value
-    assert race.status.value == ""  # no busy note left behind after a redraw
+    assert race.status == ""  # no busy note left behind after a redraw
 
 
 def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
@@ -274,3 +274,130 @@ def test_every_enabled_control_changes_the_picture(name, start):
         else:
             other = widget.max if widget.value != widget.max else widget.min
         assert _pixels(ex.png(**{control: other})) != default, f"{name}: {control}"
+
+
+def _other_value(widget):
+    """A value of the control other than its current one: another option, the far end."""
+    if isinstance(widget, W.Dropdown):
+        return next(o for o in widget.options if o != widget.value)
+    if isinstance(widget, W.Checkbox):
+        return not widget.value
+    return widget.max if widget.value != widget.max else widget.min
+
+
+def _differing_pixels(png_a: bytes, png_b: bytes) -> int:
+    import numpy as np
+
+    a = np.asarray(_image(png_a).convert("RGB"), dtype=int)
+    b = np.asarray(_image(png_b).convert("RGB"), dtype=int)
+    assert a.shape == b.shape
+    return int((np.abs(a - b).sum(-1) > 30).sum())
+
+
+FIRST_MOVES = [(name, control) for name, controls in {
+    "mutation_explorer": ["alpha", "beta", "qp_prob", "kind", "layerwise", "num_models"],
+    "client_explorer": ["shift", "depth_spread", "num_clients", "level"],
+    "training_explorer": ["algorithm", "lr", "rounds", "alpha", "beta0", "shift", "start_x",
+                          "start_y"],
+    "shift_explorer": ["test_shift", "sharp_width"],
+    "race_explorer": ["algorithm", "alpha", "lr", "rounds", "seeds"],
+}.items() for control in controls]
+
+
+@pytest.mark.parametrize("name, control", FIRST_MOVES)
+def test_the_first_image_after_a_move_is_a_fresh_full_draw(name, control):
+    """Issue 26: the first picture of a new figure (a new client shift, number of clients,
+    zoom) lost its titles until the next move. The image a control's first move shows must
+    be what a fresh, fully drawn figure of that setting shows: titles, legends, labels."""
+    ex = getattr(widgets, name)(**{**FAST[name], **({"kind": "sign"} if control == "beta"
+                                                    else {})})
+    widget = ex.controls[control]
+    if widget.disabled:  # e.g. beta under Gaussian mutations: checked elsewhere
+        pytest.skip(f"{control} is disabled at the start")
+    if name == "race_explorer" and control == "seeds":
+        value = 3  # the far end would race 200 seeds
+    else:
+        value = _other_value(widget)
+    widget.value = value  # as the browser sets it: through the observer
+    shown = ex.last_png
+    assert shown is not None, "the move did not redraw"
+    fig = ex.figure()
+    fresh = widgets.figure_png(fig)
+    plt.close(fig)
+    assert _differing_pixels(shown, fresh) <= 20, f"{name}: {control} = {value}"
+
+
+def test_sign_mutation_of_the_whole_vector_disables_k_and_shades_nothing():
+    ex = widgets.mutation_explorer(kind="sign", layerwise=False, num_models=4, qp_prob=1.0)
+    assert ex.controls["num_models"].disabled and "two points" in ex.note.value
+    assert "two mutants" in ex.reasons["num_models"].value
+    assert _pixels(ex.png(num_models=2)) == _pixels(ex.png(num_models=16))
+    assert toy.mutation_regions((0.0, 1.0), (0.1, 0.1), 4.0, 0.5, False, "sign") == {}
+    ex.set(layerwise=True)
+    assert not ex.controls["num_models"].disabled
+
+
+def test_the_mutation_window_widens_to_hold_every_mutant():
+    center, update = (0.0, 1.1), (-0.3, 0.15)
+    ex = widgets.mutation_explorer(center=center, update=update, half_width=1.8,
+                                   num_models=4)
+    assert ex.note.value == ""
+    for alpha in (6.5, 8.0):
+        ex.set(alpha=alpha)
+        values = ex.values()
+        half = ex.scene.half(values)
+        panels, clouds, scale, regions = ex.scene.panels(values)
+        points = torch.cat([*panels.values(), *clouds.values()]).double()
+        assert (points - torch.tensor(center)).abs().max() <= half
+        assert scale * max(abs(u) for u in update) <= half
+        assert half > 1.8 and "widened" in ex.note.value
+        ax = ex.figure().axes[0]
+        assert ax.get_xlim()[1] == pytest.approx(center[0] + half)
+
+
+def test_a_method_that_draws_fedavgs_path_says_so_beside_the_figure():
+    ex = widgets.training_explorer(algorithm="fedntd", rounds=2)
+    assert "exactly FedAvg's path" in ex.note.value
+    ex.set(algorithm="moon")
+    assert "exactly FedAvg's path" in ex.note.value and "classifier head" in ex.note.value
+    ex.set(algorithm="fedmut")
+    assert ex.note.value == ""
+
+
+def test_the_race_starts_from_the_methods_defaults_and_shows_an_interval():
+    from flnotes.algorithms import settings_of
+
+    race = widgets.race_explorer(seeds=3, rounds=2)
+    assert race.values()["alpha"] == settings_of("fedqp")["alpha"].default
+    assert widgets.race_explorer().values()["seeds"] == widgets.RACE_SEEDS
+    race.set(algorithm="fedmut")  # the slider takes the new method's own alpha
+    assert race.values()["alpha"] == settings_of("fedmut")["alpha"].default
+    fig = race.figure()
+    assert all("95% interval" in ax.get_title() for ax in fig.axes[:2])
+    assert plots.share_interval(0, 10)[0] == 0.0 and plots.share_interval(10, 10)[1] == 1.0
+
+
+def test_drawing_note_sits_beside_the_control_that_moved():
+    ex = widgets.shift_explorer()
+    seen = []
+    ex.busy["sharp_width"].observe(lambda change: seen.append(change["new"]), names="value")
+    ex.set(sharp_width=0.3)
+    assert any("drawing" in text for text in seen) and ex.status == ""
+    row = next(child for child in ex.box.children
+               if isinstance(child, W.HBox) and ex.controls["sharp_width"] in child.children)
+    assert ex.busy["sharp_width"] in row.children
+
+
+def test_the_shift_figure_keeps_its_labels_inside():
+    fig = widgets.draw_shift()
+    fig.canvas.draw()
+    box = fig.bbox
+    ax = fig.axes[0]
+    for text in (ax.xaxis.label, ax.yaxis.label, ax.title):
+        extent = text.get_window_extent()
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
+        assert box.y0 <= extent.y0 and extent.y1 <= box.y1, text.get_text()
+
+
+def test_cell_values_take_the_notebooks_values_else_the_defaults():
+    assert widgets.cell_values({"lr": 0.05}, lr=0.1, rounds=30) == {"lr": 0.05, "rounds": 30}

@@ -93,11 +93,14 @@ def mutation_region(center: Sequence[float], update: Sequence[float], alpha: flo
 
 
 def mutation_regions(center: Sequence[float], update: Sequence[float], alpha: float,
-                     qp_prob: float, layerwise: bool) -> dict[str, torch.Tensor]:
+                     qp_prob: float, layerwise: bool,
+                     kind: str = "gaussian") -> dict[str, torch.Tensor]:
     """The shaded regions of a mutation picture: {"circle": disc} where mutants may stay
     unprojected (p < 1) and {"fan": ...} where they may be projected (p > 0). A per-layer
-    mutation of the toy's one-number layers reaches points, not a region: none."""
-    if layerwise:
+    mutation of the toy's one-number layers reaches points, not a region: none. Nor does a
+    sign mutation of the whole vector: its mutants are w + alpha g and w - (1 - beta) alpha g
+    (and their projections), two points however many mutants are drawn."""
+    if layerwise or kind == "sign":
         return {}
     regions = {}
     if qp_prob < 1:

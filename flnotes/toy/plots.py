@@ -461,7 +461,10 @@ class MutantsFigure:
         tip = (cx + arrow_scale * float(update[0]), cy + arrow_scale * float(update[1]))
         for ax, part, (title, mutants) in zip(self.axes, self.parts, panels.items(),
                                               strict=True):
-            part["mutants"].set_offsets(mutants.numpy())
+            # Each place once: a marker drawn again on itself only darkens its antialiased
+            # edge (eight sign mutants of the whole vector are two places).
+            part["mutants"].set_offsets(np.unique(np.asarray(mutants, dtype=float), axis=0)
+                                        .reshape(-1, 2))
             cloud = clouds.get(title) if clouds else None
             part["cloud"].set_offsets(np.empty((0, 2)) if cloud is None else cloud.numpy())
             shaded = (regions or {}).get(title, {})
@@ -525,12 +528,23 @@ def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
     return int(off.sum()), float(np.median(np.linalg.norm(pts[off], axis=1)))
 
 
+def share_interval(successes: int, runs: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's 95% interval of a share (successes of runs): sensible at 0 and 1 too."""
+    if runs <= 0:
+        return float("nan"), float("nan")
+    share = successes / runs
+    centre = (share + z * z / (2 * runs)) / (1 + z * z / runs)
+    half = z * (share * (1 - share) / runs + z * z / (4 * runs * runs)) ** 0.5 / (1 + z * z / runs)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
-                   ylim=LIMITS[1], columns: int = 4) -> Figure:
+                   ylim=LIMITS[1], columns: int = 4, interval: bool = False) -> Figure:
     """Where each method's final global models ended (one dot per seed), one panel per method.
 
     White: in the flat basin; red: not. Models beyond the frame are triangles on its edge.
-    A legend below the panels says so, and a colour bar gives the loss.
+    A legend below the panels says so, and a colour bar gives the loss. ``interval`` adds
+    each share's 95% interval over the seeds (Wilson's) to its panel's title.
     """
     algorithms = sorted({r["algorithm"] for r in rows})
     n_rows = -(-len(algorithms) // columns)
@@ -551,6 +565,9 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
         ax.set_xlim(*xlim)  # the scatter must not widen the frame it is drawn in
         ax.set_ylim(*ylim)
         title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
+        if interval:
+            lo, hi = share_interval(int(sum(bool(f) for f in flat)), len(flat))
+            title += f" of {len(flat)} seeds\n(95% interval {lo:.0%}-{hi:.0%})"
         if off:
             title += f"\n{off} off the map (median |w| {distance:.1f})"
         ax.set_title(title, fontsize=10)

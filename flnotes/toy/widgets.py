@@ -3,7 +3,14 @@
 An :class:`Explorer` pairs a pure ``draw(**values) -> Figure`` function with one control
 per argument. Displayed in a notebook it first shows the default figure as an ordinary
 image output (so a headless papermill/nbval run, a saved copy and GitHub keep a picture)
-and then the controls; moving a control redraws that same output in place.
+and then the controls; moving a control redraws that same output in place. The first
+picture of a setting and every later redraw of it are the same image (titles, legends and
+labels included): a :class:`Scene`'s kept figure is checked against a fresh full draw.
+
+An explorer's notebook cell imports what it needs and takes the parameters cell's values
+through :func:`cell_values`, so "run this cell" works on a fresh kernel too;
+``notebooks/refresh_outputs.py`` stores its controls as one plain sentence (a reopened copy
+has no widget models to show).
 ``explorer.png(**values)`` is exactly what a move computes (draw, then one PNG rendering),
 without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 """
@@ -27,28 +34,49 @@ class Explorer:
 
     ``idle(values) -> {control: reason}`` names the controls that do nothing for the current
     values (alpha under FedAvg, ...): they are disabled with the one-line reason beside them,
-    so every control either changes the picture or says why not. A redraw that takes a moment
-    shows "drawing..." in a status line while it runs.
+    so every control either changes the picture or says why not. ``note(values) -> str`` is
+    a line shown above the controls, right under the figure, about what the figure shows
+    (a method that draws FedAvg's path on the toy, a widened window); ``follow(name,
+    values) -> {control: value}`` moves other controls with one (a method's own alpha when
+    the method changes), in the same redraw. A redraw shows "drawing..." beside the control
+    that moved, where the student is looking, while it runs.
     """
 
     def __init__(self, draw: Callable[..., Figure], controls: Mapping[str, W.ValueWidget],
                  title: str = "", idle: Callable[[dict], Mapping[str, str]] | None = None,
-                 scene: Scene | None = None) -> None:
+                 scene: Scene | None = None, note: Callable[[dict], str] | None = None,
+                 follow: Callable[[str, dict], Mapping] | None = None) -> None:
         self.draw = draw
         self.scene = scene  # if given, redraws move its kept figure's artists (see Scene)
         self.controls = dict(controls)
-        self.idle = idle
+        self.idle, self.note_of, self.follow = idle, note, follow
         self.reasons = {name: W.HTML("", layout=W.Layout(margin="0 0 0 8px"))
                         for name in self.controls}
-        self.status = W.HTML("")
+        self.busy = {name: W.HTML("", layout=W.Layout(margin="0 0 0 4px", min_width="70px"))
+                     for name in self.controls}
+        self.note = W.HTML("")
         self.box = W.VBox([W.HTML(f"<b>{title}</b>")] if title else [])
-        self.box.children += tuple(W.HBox([control, self.reasons[name]])
+        self.box.children += (self.note,)
+        self.box.children += tuple(W.HBox([control, self.busy[name], self.reasons[name]])
                                    for name, control in self.controls.items())
-        self.box.children += (self.status,)
         self._handle = None
+        self._quiet = False  # True while follow() moves controls: one redraw, not several
+        self.last_png: bytes | None = None  # the image the last redraw showed
         self.update_idle()
+        self.update_note()
         for control in self.controls.values():
             control.observe(self.refresh, names="value")
+
+    @property
+    def status(self) -> str:
+        """The busy notes now shown ('' when no redraw runs)."""
+        return "".join(b.value for b in self.busy.values())
+
+    def update_note(self) -> str:
+        """Show the line about the current figure (``note``); return it."""
+        text = self.note_of(self.values()) if self.note_of else ""
+        self.note.value = f"<span style='color:#a33'>{text}</span>" if text else ""
+        return text
 
     def update_idle(self) -> dict[str, str]:
         """Disable the controls that do nothing now and show why; return them."""
@@ -83,16 +111,32 @@ class Explorer:
         finally:
             plt.close(fig)
 
-    def refresh(self, change=None) -> bytes:
+    def refresh(self, change=None) -> bytes | None:
         """Redraw for the current values; update the displayed image if there is one."""
         from IPython.display import Image
 
+        if self._quiet:
+            return None
+        moved = next((n for n, c in self.controls.items()
+                      if change is not None and c is getattr(change, "owner", None)), None)
+        if moved is not None and self.follow is not None:
+            self._quiet = True
+            try:
+                for name, value in self.follow(moved, self.values()).items():
+                    self.controls[name].value = value
+            finally:
+                self._quiet = False
         self.update_idle()
-        self.status.value = "<i>drawing...</i>"  # sent at once: the browser shows it meanwhile
+        busy = self.busy[moved] if moved is not None else None
+        if busy is not None:  # sent at once: the browser shows it beside the control
+            busy.value = "<i style='color:#a33'>drawing...</i>"
         try:
             png = self.png()
         finally:
-            self.status.value = ""
+            if busy is not None:
+                busy.value = ""
+        self.update_note()
+        self.last_png = png
         if self._handle is not None:
             self._handle.update(Image(data=png, format="png"))
         return png
@@ -108,12 +152,29 @@ class Explorer:
                                display_id=True)
         plt.close(fig)
         display(HTML("<small><i>The controls below are live while this notebook's kernel "
-                     "runs; if they are missing or show an error, run this cell.</i></small>"))
+                     "runs; if they are missing or show an error, run this cell (it runs "
+                     "alone, on a fresh kernel too).</i></small>"))
         # The controls, with a text fallback in place of ipywidgets' "VBox(children=...)"
-        # for any viewer that cannot draw them.
+        # for any viewer that cannot draw them; notebooks/refresh_outputs.py stores this
+        # sentence in their place.
         bundle = self.box._repr_mimebundle_()
-        bundle["text/plain"] = f"[{len(self.controls)} controls: run this cell to use them]"
+        bundle["text/plain"] = controls_sentence(self.controls)
         display(bundle, raw=True)
+
+
+def controls_sentence(controls: Mapping[str, W.ValueWidget]) -> str:
+    """The plain sentence that stands for an explorer's controls where they cannot be drawn
+    (a stored copy, GitHub): which controls, and that running the cell brings them."""
+    names = ", ".join(c.description or n for n, c in controls.items())
+    return (f"{len(controls)} controls ({names}) appear here when this cell runs: "
+            "run this cell to use them.")
+
+
+def cell_values(namespace: Mapping, **defaults) -> dict:
+    """{name: the notebook's value of ``name``}, each from ``namespace`` (a cell's
+    ``globals()``) where the parameters cell has run, else its default: an explorer's cell
+    then runs alone on a fresh kernel with the values written in it."""
+    return {name: namespace.get(name, default) for name, default in defaults.items()}
 
 
 PNG_DPI = 100  # the notebooks' inline figures' resolution (kept figures are drawn at it too)
@@ -191,14 +252,26 @@ class Scene:
 
     @staticmethod
     def _render_background(drawing):
-        """Render everything but the moving artists once; their visibility is kept."""
+        """Render everything but the moving artists once; their visibility and places kept.
+
+        A full draw also places some moving artists: an axes places its title by the title's
+        extent, and a hidden title has none, so the draw used to move a hidden title off the
+        figure (the first picture of every new figure lost its titles until the next move
+        set them again). Their places before the draw are put back after it.
+        """
+        from matplotlib.text import Text
+
         shown = [artist.get_visible() for artist in drawing.moving]
+        placed = [(artist, artist.get_position()) for artist in drawing.moving
+                  if isinstance(artist, Text)]
         for artist in drawing.moving:
             artist.set_visible(False)
         drawing.fig.canvas.draw()
         background = drawing.fig.canvas.copy_from_bbox(drawing.fig.bbox)
         for artist, visible in zip(drawing.moving, shown, strict=True):
             artist.set_visible(visible)
+        for artist, position in placed:
+            artist.set_position(position)
         return background
 
 
@@ -239,7 +312,14 @@ def _slider(value: float, lo: float, hi: float, step: float, description: str) -
 # ---- the explorers ---------------------------------------------------------------------------
 class MutationScene(Scene):
     """FedMut's mutants next to FedQP's around one model: the landscape is drawn once per
-    zoom; a move redraws the mutants, their cloud, the shaded regions and the arrow."""
+    zoom; a move redraws the mutants, their cloud, the shaded regions and the arrow.
+
+    The window is the given half width (else 1), widened in steps of 0.5 when what the
+    panels draw (mutants, their cloud, the regions, the arrow's tip) would leave it: at a
+    large alpha nothing leaves the picture unseen.
+    """
+
+    STEP = 0.5  # the window widens in these steps (each width is one kept figure)
 
     def __init__(self, center=(0.0, 1.1), update=(0.12, 0.08),
                  half_width: float | None = None) -> None:
@@ -247,10 +327,31 @@ class MutationScene(Scene):
         self.center, self.update_ = tuple(center), tuple(update)
         self.half_width = half_width
 
+    def base(self) -> float:
+        """The window's half width when everything fits in it."""
+        return float(self.half_width or 1.0)
+
     def half(self, values: dict) -> float:
-        """The zoom: the given half width, else one that frames alpha * |g|."""
-        norm = float(sum(u * u for u in self.update_) ** 0.5)
-        return self.half_width or max(1.0, 1.3 * values["alpha"] * norm)
+        """The zoom: the base half width, widened to frame everything the panels draw."""
+        import math
+
+        panels, clouds, scale, regions = self.panels(values)
+        reach = [abs(scale * u) for u in self.update_]
+        for points in [*panels.values(), *clouds.values(),
+                       *(r for shaded in regions.values() for r in shaded.values())]:
+            if len(points):
+                moved = points.double() - points.new_tensor(self.center).double()
+                reach.append(float(moved.abs().max()))
+        needed = 1.08 * max(reach)  # a margin: a marker on the edge is drawn whole
+        if needed <= self.base():
+            return self.base()
+        return self.base() + self.STEP * math.ceil((needed - self.base()) / self.STEP)
+
+    def panels(self, values: dict):
+        return _mutation_panels(
+            self.center, self.update_, float(values["alpha"]), float(values["beta"]),
+            float(values["qp_prob"]), values["kind"], bool(values["layerwise"]),
+            int(values["num_models"]), int(values.get("seed", 0)))
 
     def key(self, values: dict):
         return self.half(values)
@@ -261,10 +362,22 @@ class MutationScene(Scene):
                                    pyplot=pyplot)
 
     def update(self, drawing, values: dict) -> None:
-        drawing.set(self.update_, *_mutation_panels(
-            self.center, self.update_, float(values["alpha"]), float(values["beta"]),
-            float(values["qp_prob"]), values["kind"], bool(values["layerwise"]),
-            int(values["num_models"]), int(values.get("seed", 0))))
+        drawing.set(self.update_, *self.panels(values))
+
+    def note(self, values: dict) -> str:
+        """A line under the figure when the window had to widen, and when the mutation
+        reaches points, not a region (sign mutation of the whole vector)."""
+        lines = []
+        if values["kind"] == "sign" and not values["layerwise"]:
+            lines.append("A sign mutation of the whole vector reaches two points only, w + "
+                         "alpha g and w - (1 - beta) alpha g (and their projections): no "
+                         "region to shade.")
+        half = self.half(values)
+        if half > self.base():
+            lines.append(f"The window widened from +-{self.base():g} to +-{half:g} around the "
+                         f"global model, so that every mutant at alpha = "
+                         f"{float(values['alpha']):g} stays in view (the ticks give the scale).")
+        return " ".join(lines)
 
 
 @lru_cache(maxsize=128)
@@ -279,8 +392,8 @@ def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp
         panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
                                         **common)
         clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
-        # A whole-vector mutation reaches a region: shade it (FedQP Fig. 1).
-        regions[title] = mutation_regions(center, update, alpha, p, layerwise)
+        # A whole-vector Gaussian mutation reaches a region: shade it (FedQP Fig. 1).
+        regions[title] = mutation_regions(center, update, alpha, p, layerwise, kind)
     return panels, clouds, alpha, regions
 
 
@@ -316,11 +429,16 @@ def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float 
         if values["kind"] != "sign":
             return {"beta": "beta biases sign mutations: Gaussian mutants have no sign to "
                             "prefer (choose kind = sign)"}
+        if not values["layerwise"]:
+            return {"num_models": "a sign mutation of the whole vector has two mutants only, "
+                                  "w + alpha g and w - (1 - beta) alpha g (and their "
+                                  "projections): more of them land on the same points (tick "
+                                  "per layer, or choose kind = gaussian)"}
         return {}
 
     scene = MutationScene(center, update, half_width)
     return Explorer(scene.figure, controls, "Mutation regions: circle vs fan", idle=idle,
-                    scene=scene)
+                    scene=scene, note=scene.note)
 
 
 class ClientsScene(Scene):
@@ -393,8 +511,8 @@ def training_runs(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
         # alpha and beta0 are the mutation's range and preference: only the methods that
         # declare them (FedMut, FedQP) get them.
         mutation = (float(alpha), float(beta0)) if reads(name, "alpha", "beta0") else None
-        final, points = _toy_run(name, float(lr), int(rounds), float(shift), float(start_x),
-                                 float(start_y), int(seed), mutation)
+        final, points, _ = _toy_run(name, float(lr), int(rounds), float(shift),
+                                    float(start_x), float(start_y), int(seed), mutation)
         where = "flat" if final.get("accuracy") else "not flat"
         runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
     return runs
@@ -411,18 +529,50 @@ def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
 
 @lru_cache(maxsize=256)
 def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, start_y: float,
-             seed: int, mutation: tuple[float, float] | None) -> tuple[dict, dict]:
-    """One toy run's final row and trajectory, kept for the explorer: moving alpha re-runs the
-    mutation method only, FedAvg's run is reused (a run is a function of these values)."""
+             seed: int, mutation: tuple[float, float] | None) -> tuple[dict, dict, tuple]:
+    """One toy run's final row, trajectory and the notes its method gave (warnings, which a
+    widget callback would send only to JupyterLab's log console), kept for the explorer:
+    moving alpha re-runs the mutation method only, FedAvg's run is reused (a run is a
+    function of these values)."""
+    import warnings
+
     from flnotes.toy import run_toy
 
     extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
     # Evaluated once, after the last round: the picture needs the recorded states of every
     # round but the evaluation (a Hessian per round) of the last only.
-    history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed, eval_every=rounds,
-                              data_options={"start": [start_x, start_y], "shift": shift},
-                              **extra)
-    return dict(history.rows[-1]), points
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed, eval_every=rounds,
+                                  data_options={"start": [start_x, start_y], "shift": shift},
+                                  **extra)
+    notes = tuple(dict.fromkeys(str(w.message).removeprefix("flnotes: ") for w in caught))
+    return dict(history.rows[-1]), points, notes
+
+
+def training_note(values: dict) -> str:
+    """Said beside the figure when the chosen method draws a copy of FedAvg's path: its
+    extra term has nothing to act on in the toy (no classifier head, one output), with the
+    reason the method gave, if it gave one."""
+    import torch
+
+    method = values["algorithm"]
+    if method == BASELINE:
+        return ""
+    runs = {}
+    for name in (BASELINE, method):
+        mutation = ((float(values["alpha"]), float(values["beta0"]))
+                    if reads(name, "alpha", "beta0") else None)
+        runs[name] = _toy_run(name, float(values["lr"]), int(values["rounds"]),
+                              float(values["shift"]), float(values["start_x"]),
+                              float(values["start_y"]), int(values.get("seed", 0)), mutation)
+    ours, theirs = runs[method][1]["global"], runs[BASELINE][1]["global"]
+    if ours.shape != theirs.shape or not torch.allclose(ours, theirs, atol=1e-6):
+        return ""
+    why = "; ".join(runs[method][2]) or (f"on the 2-D toy {method}'s own term has nothing to "
+                                         "act on (the toy's model has no classes)")
+    return (f"{method} draws exactly FedAvg's path here: {why}. Its own term acts on a "
+            "model with classes (the CIFAR-10 and Shakespeare tasks), not on this toy.")
 
 
 def training_explorer(**defaults) -> Explorer:
@@ -452,7 +602,8 @@ def training_explorer(**defaults) -> Explorer:
         return {"alpha": why, "beta0": why}
 
     scene = TrainingScene()
-    return Explorer(scene.figure, controls, "Train the toy federation", idle=idle, scene=scene)
+    return Explorer(scene.figure, controls, "Train the toy federation", idle=idle, scene=scene,
+                    note=training_note)
 
 
 @lru_cache(maxsize=64)
@@ -474,7 +625,7 @@ def draw_shift(test_shift: float = 0.3, sharp_width: float = 0.2) -> Figure:
     winner = ("flat", "sharp")[int(test_losses.argmin())]
     fig = plots.plot_slices({"train loss": train, "test loss (shifted)": test},
                             (-3.0, 0.0), (3.0, 0.0),
-                            title=f"test = train moved by {test_shift:+.2f}: "
+                            title=f"test = train moved by {test_shift:+.2f}:\n"
                                   f"the {winner} minimum has the lower test loss")
     ax = fig.axes[0]
     for point, name, loss in zip(minima, ("flat", "sharp"), test_losses, strict=True):
@@ -485,6 +636,10 @@ def draw_shift(test_shift: float = 0.3, sharp_width: float = 0.2) -> Figure:
         ax.annotate(f"{name}: test {float(loss):.3f}\n(gap {gap:+.3f})", (x, float(loss)),
                     textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8,
                     bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8, "lw": 0})
+    # Fixed margins that hold the x label and the title: the explorer renders the figure as
+    # laid out (no bbox_inches="tight"), and the default bottom margin cut the label off.
+    w, h = fig.get_figwidth(), fig.get_figheight()
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, bottom=0.6 / h, top=1 - 0.6 / h)
     return fig
 
 
@@ -498,24 +653,39 @@ def shift_explorer(**defaults) -> Explorer:
     return Explorer(draw_shift, controls, "Flat vs sharp under a train/test shift")
 
 
-def draw_race(algorithm: str = "fedqp", alpha: float = 4.0, lr: float = 0.1, rounds: int = 15,
-              seeds: int = 10, options: Mapping | None = None) -> Figure:
-    """Where FedAvg's and one method's final models end over a few seeds (a mini race).
+def own_alpha(method: str) -> float | None:
+    """A method's own default mutation range (its declared setting), None if it has none."""
+    from flnotes.algorithms import settings_of
+
+    return settings_of(method)["alpha"].default if reads(method, "alpha") else None
+
+
+RACE_SEEDS = 100  # notebook 04's table: the explorer starts from the same race
+
+
+def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
+              rounds: int = 15, seeds: int = RACE_SEEDS,
+              options: Mapping | None = None) -> Figure:
+    """Where FedAvg's and one method's final models end over the seeds (a mini race), each
+    panel's share of flat runs with its 95% interval.
 
     ``alpha`` is the mutation range and goes only to the methods that declare it (FedMut,
-    FedQP); ``options`` are further toy-config
-    overrides (clients, start, ...).
+    FedQP; None: the method's own default); ``options`` are further toy-config overrides
+    (clients, start, ...).
     """
     import json
 
     options = dict(options or {})
+    if alpha is None:
+        alpha = own_alpha(algorithm) or 0.0
     frozen = json.dumps(options, sort_keys=True)  # hashable, for the cache below
     # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
     mutation = float(alpha) if reads(algorithm, "alpha") else None
     rows = (_race_rows(BASELINE, int(seeds), float(lr), int(rounds), None, frozen)
             + _race_rows(algorithm, int(seeds), float(lr), int(rounds), mutation, frozen))
     fed = make_federation("fedmut-fig1", num_clients=options.get("num_clients", 2))
-    return plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=2)
+    return plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=2,
+                                interval=True)
 
 
 @lru_cache(maxsize=128)
@@ -532,12 +702,17 @@ def _race_rows(algorithm: str, seeds: int, lr: float, rounds: int, alpha: float 
 
 
 def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
-    """Sliders for one method's alpha, the learning rate, rounds and seeds of a mini race."""
+    """Sliders for one method's alpha, the learning rate, rounds and seeds of a mini race.
+
+    It starts where notebook 04's table stands: the method's own alpha (its declared
+    default, which the slider takes again whenever the method changes) and as many seeds.
+    """
     from functools import partial
 
     from flnotes.algorithms import algorithm_names
 
-    d = {"algorithm": "fedqp", "alpha": 4.0, "lr": 0.1, "rounds": 15, "seeds": 10, **defaults}
+    d = {"algorithm": "fedqp", "lr": 0.1, "rounds": 15, "seeds": RACE_SEEDS, **defaults}
+    d.setdefault("alpha", own_alpha(d["algorithm"]) or 0.0)
     controls = {
         "algorithm": W.Dropdown(options=[n for n in algorithm_names() if n != BASELINE],
                                 value=d["algorithm"], description="method"),
@@ -545,9 +720,14 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
         "lr": _slider(d["lr"], 0.01, 0.2, 0.01, "learning rate"),
         "rounds": W.IntSlider(value=d["rounds"], min=1, max=40, description="rounds",
                               continuous_update=False),
-        "seeds": W.IntSlider(value=d["seeds"], min=2, max=50, description="seeds",
-                             continuous_update=False),
+        "seeds": W.IntSlider(value=d["seeds"], min=2, max=max(200, d["seeds"]), step=1,
+                             description="seeds", continuous_update=False),
     }
+
+    def follow(moved: str, values: dict) -> dict:
+        alpha = own_alpha(values["algorithm"]) if moved == "algorithm" else None
+        return {} if alpha is None else {"alpha": alpha}
+
     def idle(values: dict) -> dict[str, str]:
         method = values["algorithm"]
         if reads(method, "alpha"):
@@ -556,4 +736,4 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
                          f"has none{renamed_note(method, 'alpha')}"}
 
     return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
-                    idle=idle)
+                    idle=idle, follow=follow)
