@@ -19,7 +19,7 @@ import torch
 from flnotes.algorithms import all_settings
 from flnotes.cli.main import main
 from flnotes.config import RunConfig
-from flnotes.engine import client_state, sim
+from flnotes.engine import client_state, run_folder, sim
 from flnotes.engine.seeds import run_seeds
 
 TINY = ["--num-clients", "4", "--clients-per-round", "2", "--rounds", "2", "--data-option",
@@ -273,9 +273,9 @@ WRITE_CASES = [
     for where, module, name, point in [
         ("client-state write", client_state, "write_atomically", 1),
         ("a later client-state write", client_state, "write_atomically", 3),
-        ("checkpoint write", sim, "_atomic_save", 1),
-        ("metrics append", sim, "_append_row", 1),
-        ("config.json write", sim, "_write_text", 1),
+        ("checkpoint write", run_folder, "_atomic_save", 1),
+        ("metrics append", run_folder, "_append_row", 1),
+        ("config.json write", run_folder, "_write_text", 1),
     ]
     for code in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO, errno.EDQUOT)
 ]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flnotes.config import RunConfig
-from flnotes.engine import sim
+from flnotes.engine import run_folder, sim
 
 ROUNDS = 3
 
@@ -72,7 +72,7 @@ def _killed_at(point: int, after: bool):
     def body(run_dir):
         count = [0]
         for name in WRITERS:
-            original = getattr(sim, name)
+            original = getattr(run_folder, name)
 
             def wrapper(*args, _original=original, **kwargs):
                 count[0] += 1
@@ -83,7 +83,7 @@ def _killed_at(point: int, after: bool):
                     os.kill(os.getpid(), signal.SIGKILL)
                 return result
 
-            setattr(sim, name, wrapper)
+            setattr(run_folder, name, wrapper)
         sim.run(_config(run_dir), progress=False)
     return body
 
@@ -93,7 +93,7 @@ def reference(tmp_path_factory):
     """The uninterrupted run's folder, and how many folder writes it makes."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     count = [0]
-    originals = {name: getattr(sim, name) for name in WRITERS}
+    originals = {name: getattr(run_folder, name) for name in WRITERS}
 
     def counting(original):
         def wrapper(*args, **kwargs):
@@ -103,11 +103,11 @@ def reference(tmp_path_factory):
 
     try:
         for name, original in originals.items():
-            setattr(sim, name, counting(original))
+            setattr(run_folder, name, counting(original))
         sim.run(_config(run_dir), progress=False)
     finally:
         for name, original in originals.items():
-            setattr(sim, name, original)
+            setattr(run_folder, name, original)
     return _folder(run_dir), count[0]
 
 

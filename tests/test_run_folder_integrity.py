@@ -24,7 +24,7 @@ import torch
 
 from flnotes.cli.main import main
 from flnotes.config import RunConfig
-from flnotes.engine import client_state, sim
+from flnotes.engine import client_state, run_folder, sim
 from flnotes.engine.seeds import run_seeds
 
 TINY = ["--num-clients", "4", "--clients-per-round", "2", "--data-option", "num_train=400",
@@ -259,7 +259,7 @@ def _disk_full_at(monkeypatch, module, point: int) -> None:
     monkeypatch.setattr(module, "write_atomically", full)
 
 
-@pytest.mark.parametrize("where, point", [(client_state, 1), (client_state, 4), (sim, 6)],
+@pytest.mark.parametrize("where, point", [(client_state, 1), (client_state, 4), (run_folder, 6)],
                          ids=["first client state", "a later client state", "a checkpoint"])
 def test_a_full_disk_is_one_line_and_the_folder_resumes(where, point, tmp_path, capsys,
                                                          monkeypatch):

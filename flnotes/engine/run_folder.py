@@ -1,0 +1,300 @@
+"""The run folder: what keeps its results its own, and every write into it.
+
+``config.json``, ``metrics.jsonl`` (one line per round), ``run.json`` (status, the round of
+the last checkpoint, environment, code version), ``checkpoint.pt`` and ``global_model.pt``;
+the methods that keep per-client state add ``client_states/``
+(:mod:`flnotes.engine.client_state`). :mod:`flnotes.engine.sim` says what each guard
+(settings, lock, rounds, the end, damaged files, writes) promises; this module keeps them:
+the settings hash and its check, the lock, reading and writing each file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from flnotes.algorithms import settings_of
+from flnotes.engine.client_state import (
+    ClientStateError,
+    deferred_signals,
+    write_atomically,
+)
+from flnotes.engine.history import History
+from flnotes.engine.tasks import resolve_device
+
+# Fields that may differ when resuming a run folder without changing its results. data_dir
+# is where the data lie, not which data: a run folder committed from one machine continues
+# on another whose copy sits elsewhere (the data's own source is recorded in run.json).
+RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile", "run_dir",
+                     "eval_batch_size", "download", "data_dir"}
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used for this run (one line: the folder or file, and why)."""
+
+
+def result_settings(config, *, seed: bool = True) -> dict:
+    """The settings that make a run's results what they are: every resolved field but
+    RESUMABLE_CHANGES (and, with ``seed=False``, the seed)."""
+    values = config.resolved().to_dict()
+    return {k: v for k, v in values.items()
+            if k not in RESUMABLE_CHANGES and (seed or k != "seed")}
+
+
+def settings_hash(config, *, seed: bool = True) -> str:
+    """sha256 (hex) of :func:`result_settings`: the same for a config that may resume a
+    folder (more rounds, another device), different for another lr, mu, ... or seed."""
+    text = json.dumps(result_settings(config, seed=seed), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def lock_folder(run_dir: Path):
+    """Create the folder and hold its ``run.lock``; refuse if another run holds it.
+
+    ``fcntl.flock`` is dropped by the kernel when the holder's process ends, however it
+    ends, so a lock left by a killed run is taken over without a word. Returns the open
+    lock file (closing it lets go).
+    """
+    try:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise RunFolderError(f"run folder {run_dir} is a file, not a folder; choose "
+                                 "another run_dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / "run.lock", "a+")
+    except OSError as err:
+        raise RunFolderError(f"cannot use run folder {run_dir}: {_os_reason(err)}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunFolderError(f"run folder {run_dir} is in use by {holder}; wait for that run "
+                             "to end, or choose another run_dir") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        handle.flush()
+    except OSError as err:  # a full disk
+        handle.close()
+        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
+                             ) from None
+    return handle
+
+
+@contextlib.contextmanager
+def _writing(run_dir: Path | None):
+    """An OSError while the block writes the run folder (a full disk, a folder made
+    read-only, deleted) is the one line "cannot write to run folder R: why"."""
+    if run_dir is None:
+        yield
+        return
+    try:
+        yield
+    except OSError as err:
+        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
+                             ) from None
+
+
+def _os_reason(err: OSError) -> str:
+    """'Is a directory', 'Permission denied', ...: an OSError without its errno prefix."""
+    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+    return f"{err.strerror or err}{where}"
+
+
+def _differences(stored: dict, wanted: dict, defaults: dict) -> list[str]:
+    """'field: stored != wanted' for each result setting that differs.
+
+    The settings compared are the wanted run's: the common fields and its method's own (a
+    folder written before settings belonged to methods also holds every other method's, which
+    this run never reads). A field the folder lacks counts as its default.
+    """
+    out = []
+    for k in sorted(wanted):
+        if k in RESUMABLE_CHANGES:
+            continue
+        a, b = stored.get(k, defaults.get(k)), wanted.get(k, defaults.get(k))
+        if a != b:
+            out.append(f"{k}: {a!r} != {b!r}")
+    return out
+
+
+def _field_defaults(config) -> dict:
+    """Each field's default for this config's method: common fields and its settings."""
+    import dataclasses
+
+    values = {f.name: f.default for f in dataclasses.fields(config)
+              if f.default is not dataclasses.MISSING}
+    values.update((n, s.default) for n, s in settings_of(config.algorithm).items())
+    return values
+
+
+def _read_json(path: Path, what: str = "") -> dict:
+    """A JSON object from a run folder's file, or RunFolderError naming the file."""
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RunFolderError(f"{path} is damaged (not JSON: {err}){what}") from None
+    except OSError as err:
+        raise RunFolderError(f"cannot read {path}: {_os_reason(err)}") from None
+    if not isinstance(value, dict):
+        raise RunFolderError(f"{path} is damaged (a JSON {type(value).__name__}, not an "
+                             f"object){what}")
+    return value
+
+
+def _load_checkpoint(checkpoint: Path, config) -> dict:
+    """checkpoint.pt, checked: readable, complete, written under these settings."""
+    fix = "; delete it (or the run folder) to start the run over"
+    try:
+        # Onto this run's device: a run checkpointed on a GPU resumes on a CPU and vice versa.
+        saved = torch.load(checkpoint, map_location=resolve_device(config.device),
+                           weights_only=True)
+    except Exception as err:  # truncated, empty, garbage: torch raises many kinds
+        reason = " ".join(str(err).split())
+        reason = reason if 0 < len(reason) <= 100 else ""
+        raise RunFolderError(f"{checkpoint} is damaged and cannot be read "
+                             f"({type(err).__name__}{': ' + reason if reason else ''}){fix}"
+                             ) from None
+    missing = [k for k in ("round", "strategy", "rows", "status")
+               if not isinstance(saved, dict) or k not in saved]
+    if missing:
+        raise RunFolderError(f"{checkpoint} is damaged: no {', '.join(missing)} in it{fix}")
+    if "settings_hash" in saved and saved["settings_hash"] != settings_hash(config):
+        differing = _differences(saved.get("settings") or {}, result_settings(config),
+                                 _field_defaults(config))
+        if differing or not saved.get("settings"):
+            details = ", ".join(differing) or "settings hash differs"
+            raise RunFolderError(
+                f"{checkpoint} was written by a run with other settings ({details}); "
+                "choose another run_dir or delete that folder")
+    return saved
+
+
+def _check_folder(run_dir: Path, config, strategy) -> dict | None:
+    """Check the (locked) folder holds this config, and load its checkpoint (None: none)
+    into the strategy; nothing is written here (:func:`_start_folder` writes)."""
+    config_file = run_dir / "config.json"
+    if config_file.exists():
+        stored = _read_json(config_file, "; delete it (the checkpoint keeps the settings) "
+                                         "or the run folder")
+        differing = _differences(stored, config.to_dict(), _field_defaults(config))
+        if differing:
+            raise RunFolderError(f"run folder {run_dir} holds a different run "
+                                 f"({', '.join(differing)}); choose another run_dir or "
+                                 "delete that folder")
+    checkpoint = run_dir / "checkpoint.pt"
+    saved = _load_checkpoint(checkpoint, config) if checkpoint.exists() else None
+    if saved is not None and int(saved["round"]) > config.rounds:
+        held = int(saved["round"])
+        raise RunFolderError(
+            f"run folder {run_dir} holds {held} rounds (its checkpoint), more than the "
+            f"{config.rounds} asked; ask for rounds >= {held} to resume or reload it, or "
+            "choose another run_dir for a shorter run")
+    if saved is not None:
+        try:  # its client-state files are checked here, before anything is written
+            strategy.load_state_dict(saved["strategy"])
+        except ClientStateError as err:
+            raise RunFolderError(str(err)) from None
+    return saved
+
+
+def _start_folder(run_dir: Path, config, history: History, saved: dict | None) -> int:
+    """Start the checked folder (config.json, metrics, run.json) or resume its checkpoint
+    ``saved``; returns the next round."""
+    config_file = run_dir / "config.json"
+    finished = saved is not None and (saved["status"] == "diverged" or (
+        saved["status"] == "completed" and int(saved["round"]) >= config.rounds))
+    try:
+        if not (finished and config_file.exists()):  # a finished run's config stays its own
+            _write_text(config_file, config.to_json())
+        if saved is None:
+            _write_text(run_dir / "metrics.jsonl", "")
+            _write_meta(run_dir, history, 0)
+            return 1
+        history.rows = list(saved["rows"])
+        history.status = saved["status"]
+        # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
+        _write_text(run_dir / "metrics.jsonl",
+                    "".join(json.dumps(r) + "\n" for r in history.rows))
+    except OSError as err:
+        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
+                             ) from None
+    return int(saved["round"]) + 1
+
+
+def _read_meta(run_dir: Path) -> dict:
+    """run.json as written, or {} if it is missing or cannot be read."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _starts(run_dir: Path) -> list[dict]:
+    """Each earlier start of a resumed folder (round, CPU threads, device), from run.json.
+
+    run.json is rewritten from the checkpoint on every start: one that cannot be read is
+    no loss but its list of starts.
+    """
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        env = meta.get("environment") or {}
+        starts = env.get("starts") or [{"round": 1, "cpu_threads": env.get("cpu_threads"),
+                                        "device": env.get("device")}]
+        return [s for s in starts if isinstance(s, dict)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+
+
+def _append_row(run_dir: Path, row: dict) -> None:
+    # Appended, not renamed (a half line is skipped on reading), but whole if interrupted.
+    with deferred_signals(), open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _write_meta(run_dir: Path, history: History, checkpoint_round: int,
+                error: str | None = None) -> None:
+    # checkpoint_round: what an interrupted run can resume from, without loading the .pt.
+    meta = {k: v for k, v in history.summary().items() if k != "rows"}
+    meta["checkpoint_round"] = checkpoint_round
+    if error is not None:  # a failed run: why, in one line
+        meta["error"] = error
+    _write_json(run_dir / "run.json", meta)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Write to a temporary file and rename: a Ctrl-C mid-write must not leave half a file."""
+    _write_text(path, json.dumps(obj, indent=2))
+
+
+def _write_text(path: Path, text: str) -> None:
+    data = text.encode()
+    write_atomically(path, lambda f: f.write(data))
+
+
+def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History, config,
+                     meta: bool = True) -> None:
+    """checkpoint.pt: the strategy, the rows, the status and the settings it belongs to."""
+    _atomic_save({"round": rnd, "strategy": strategy.state_dict(), "rows": history.rows,
+                  "status": history.status, "settings": result_settings(config),
+                  "settings_hash": settings_hash(config)}, run_dir / "checkpoint.pt")
+    if meta:
+        _write_meta(run_dir, history, rnd)
+
+
+def _atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file and rename, so a killed run never leaves half a file (and
+    a Ctrl-C inside torch.save waits for it: see :func:`write_atomically`)."""
+    write_atomically(path, lambda f: torch.save(obj, f))

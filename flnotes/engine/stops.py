@@ -1,0 +1,87 @@
+"""Stopping a run: Ctrl-C and SIGTERM stop it resumably, with the shell's exit statuses
+and a line saying how to continue (:func:`interruption_report`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from flnotes.engine.run_folder import RunFolderError, _read_json
+
+EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: the run stops the same way
+    (folder marked interrupted, resume hint), and the command exits 143."""
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def terminate_like_ctrl_c():
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (the command
+    line's runs and sweeps); the previous handler is put back after it."""
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def interruption_report(run_dir: str | Path) -> str:
+    """How far a stopped run folder got and how to go on (a line for the command line).
+
+    Reads run.json and metrics.jsonl only: :meth:`Simulation.interrupt` has marked the
+    folder "interrupted" (run and run_seeds call it on Ctrl-C).
+    """
+    run_dir = Path(run_dir)
+    meta_file = run_dir / "run.json"
+    if not meta_file.exists():
+        return "interrupted before the first round; run the same command again to start over"
+    try:
+        meta = _read_json(meta_file)
+    except RunFolderError as err:
+        return f"{err}; run the same command again to resume from the last checkpoint"
+    if meta.get("status") in ("completed", "diverged"):  # e.g. a seed that finished first
+        return f"{meta['status']}; nothing to resume"
+    last = _last_logged_round(run_dir / "metrics.jsonl")
+    done = f"after round {last}" if last else "in its first round"
+    checkpoint = meta.get("checkpoint_round")
+    if checkpoint is None and (run_dir / "checkpoint.pt").exists():
+        where = "the last checkpoint"  # a folder from before run.json named the round
+    elif checkpoint:
+        where = f"the last checkpoint (round {checkpoint})"
+    else:
+        every = meta.get("config", {}).get("checkpoint_every", "?")
+        return (f"interrupted {done}, before the first checkpoint (one every {every} rounds); "
+                "run the same command again to start over")
+    return f"interrupted {done}; run the same command again to resume from {where}"
+
+
+def _last_logged_round(metrics_file: Path) -> int:
+    """The last round written to metrics.jsonl (0 if none; a half-written line is skipped)."""
+    last = 0
+    if metrics_file.exists():
+        for line in metrics_file.read_text().splitlines():
+            try:
+                last = int(json.loads(line)["round"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return last
+
+
