@@ -172,7 +172,8 @@ def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """RunConfig from a preset (if given) overridden by explicit flags.
+    """RunConfig from a preset, a run folder's config (``--config``, ``--resume``) or the
+    defaults, overridden by explicit flags.
 
     Flags are what the user typed: a method setting the chosen method does not read is a
     one-line error naming the methods that read it.
@@ -180,6 +181,27 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     values = {k: v for k, v in vars(args).items() if k in set(field_names())}
     if "data_options" in values:
         values["data_options"] = dict(values["data_options"] or [])
+    config_file = getattr(args, "config", None)
+    resume = getattr(args, "resume", None)
+    if resume is not None:
+        return _resume_config(resume, values, args)
+    if config_file is not None:
+        if getattr(args, "preset", None) is not None:
+            raise ValueError("--config and --preset both name a starting config; give one")
+        stored = _stored_config(config_file, "--config")
+        stored.pop("run_dir", None)  # a new run: its own folder, unless --run-dir says
+        if "data_options" in values:  # KEY=VALUE adds to (or changes) the stored options
+            values["data_options"] = {**(stored.get("data_options") or {}),
+                                      **values["data_options"]}
+        from flnotes.config.runconfig import only_read
+
+        try:  # the file's own problems, named as the file's
+            RunConfig.from_dict(stored)
+        except ValueError as err:
+            raise ValueError(f"--config {config_file}: {err}") from None
+        algorithm = values.get("algorithm", stored.get("algorithm", "fedavg"))
+        # The file's settings for another method are left out; a flag's are refused.
+        return RunConfig.from_dict({**only_read(stored, algorithm), **values}, strict=True)
     if getattr(args, "preset", None) is not None:  # "" is an unknown preset, not none
         if "data_options" in values:  # KEY=VALUE adds to (or changes) the preset's options
             preset_options = RunConfig.from_preset(args.preset).data_options
@@ -188,9 +210,80 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig.from_dict(values, strict=True)
 
 
+def _stored_config(path: str, flag: str) -> dict:
+    """The values of a run folder's config.json (``path``: the file or its folder), or a
+    one-line ValueError naming the file and what is wrong with it."""
+    if not str(path).strip() or "\0" in str(path):
+        raise ValueError(f"{flag} {str(path)!r:.80} is not a file's name; name a run "
+                         "folder's config.json")
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{flag} {path}: {file} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise ValueError(f"{flag} {path}: cannot read {file} ({reason})") from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{flag} {path}: {file} is damaged (not JSON: {err})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{flag} {path}: {file} is damaged (a JSON "
+                         f"{type(values).__name__}, not an object)")
+    return values
+
+
+def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunConfig:
+    """The config that continues run folder ``folder``: its config.json, with only the flags
+    that leave its results as they are (more --rounds, another device, ...)."""
+    from flnotes.engine.sim import RESUMABLE_CHANGES
+
+    for other in ("config", "preset"):
+        if getattr(args, other, None) is not None:
+            raise ValueError(f"--resume continues {folder} under its own config; drop "
+                             f"--{other} (or use --config {folder} to start a new run from it)")
+    if "run_dir" in flags:
+        raise ValueError(f"--resume {folder} is the run folder; drop --run-dir")
+    if getattr(args, "seeds", None) is not None:
+        raise ValueError(f"--resume continues the one run of {folder}; drop --seeds")
+    changed = sorted(k for k in flags if k not in RESUMABLE_CHANGES)
+    if changed:
+        named = ", ".join("--" + k.replace("_", "-") for k in changed)
+        raise ValueError(f"--resume continues {folder} with its own settings, which {named} "
+                         f"would change; start a new run with --config {folder} {named} ...")
+    if not str(folder).strip() or "\0" in str(folder):
+        raise ValueError(f"--resume {str(folder)!r:.80} is not a folder's name; name a run "
+                         "folder")
+    where = Path(folder)
+    if not where.is_dir():
+        what = "is a file, not a run folder" if where.exists() else "does not exist"
+        raise ValueError(f"--resume {folder} {what}")
+    if not (where / "config.json").exists():
+        seeds = sorted(p.name for p in where.glob("seed*") if (p / "config.json").exists())
+        if seeds:
+            raise ValueError(f"--resume {folder} holds the folders of a --seeds run "
+                             f"({', '.join(seeds)}); continue it with --config "
+                             f"{where / seeds[0]} --seeds ... --run-dir {folder}")
+        raise ValueError(f"--resume {folder} holds no config.json: not a run folder (or "
+                         "one stopped before it began; run its command again)")
+    stored = _stored_config(str(where / "config.json"), "--resume")
+    stored.update(flags, run_dir=str(where))
+    try:
+        return RunConfig.from_dict(stored)
+    except ValueError as err:
+        raise ValueError(f"--resume {folder}: {where / 'config.json'}: {err}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one configuration (``--seeds``: several), print each round, save a curve."""
-    return run_command(config_from_args(args), getattr(args, "seeds", None))
+    from flnotes.engine.tracking import parse_loggers
+
+    loggers = parse_loggers(getattr(args, "logger", None))  # before a config is read
+    return run_command(config_from_args(args), getattr(args, "seeds", None),
+                       loggers=loggers, logger_dir=getattr(args, "logger_dir", None))
 
 
 def _seed_list(text: str) -> list[int]:
@@ -245,6 +338,21 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     p_run.add_argument("--seeds", type=_seed_list, metavar="S1,S2,...",
                        help="run these seeds and print mean +- std; with the vmap backend "
                             "(the default on a GPU) their clients train as one stack")
+    p_run.add_argument("--config", metavar="FILE",
+                       help="start from a run folder's config.json (or the folder); flags "
+                            "given as well override its values, and the run gets its own "
+                            "folder unless --run-dir names one")
+    p_run.add_argument("--resume", metavar="FOLDER",
+                       help="continue a run folder under its own config.json; --rounds may "
+                            "raise its rounds (--device, --backend and the like may change; "
+                            "settings that change results may not)")
+    p_run.add_argument("--logger", action="append", metavar="{tensorboard,mlflow}",
+                       help="also log each round's metrics and the settings to TensorBoard "
+                            "(RUN_DIR/tensorboard/) or a local MLflow store (RUN_DIR/mlruns/); "
+                            "repeat it or give a comma list; metrics.jsonl stays the record")
+    p_run.add_argument("--logger-dir", metavar="DIR",
+                       help="log into DIR/tensorboard/<run folder name>/ and DIR/mlruns/ "
+                            "instead of the run folder (one place to compare runs)")
     add_config_flags(p_run, only=only_algorithm)
     p_run.set_defaults(func=cmd_run, command_parser=p_run)
     p_demo = sub.add_parser("demo", allow_abbrev=False,

@@ -19,8 +19,14 @@ from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses
 )
 
 
-def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
-    """Run one configuration (or its seeds), print each round as it ends, save a curve."""
+def run_command(config: RunConfig, seeds: list[int] | None = None, *,
+                loggers: list[str] | None = None, logger_dir: str | None = None) -> int:
+    """Run one configuration (or its seeds), print each round as it ends, save a curve.
+
+    ``loggers`` (:data:`flnotes.engine.tracking.LOGGERS`) copy each round to TensorBoard or
+    MLflow beside the run folder (``logger_dir``: into that folder instead). The progress
+    bar is drawn only when stderr is a terminal; a log gets plain per-round lines.
+    """
     from flnotes.engine.sim import run
 
     if seeds is not None and not seeds:  # --seeds "": else one seed would run, silently
@@ -33,26 +39,44 @@ def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
     if config.run_dir is not None and "\0" in str(config.run_dir):
         raise ValueError(f"--run-dir {str(config.run_dir)!r:.80} holds a NUL byte; name a "
                          "folder")
+    if logger_dir is not None and (not str(logger_dir).strip() or "\0" in str(logger_dir)):
+        raise ValueError(f"--logger-dir {str(logger_dir)!r:.80} is not a folder's name; name "
+                         "one, or leave the flag out to log into the run folder")
+    from flnotes.engine.tracking import check_installed
+
+    check_installed(loggers or [])  # before any data is loaded
     config.check_device()  # before any data is loaded
     if seeds:
-        return _run_seeds(config, seeds)
+        return _run_seeds(config, seeds, loggers or [], logger_dir)
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config)))
     if config.dataset == "toy":
         print(TOY_NOTE)
+    tracker = _tracker(config, loggers, logger_dir)
+    progress = on_terminal()
+    if not progress:  # what the run would print above its bar
+        _plain_start_lines(config)
     printed = []
 
-    def print_row(row: dict) -> None:
+    def on_round(row: dict) -> None:
         printed.append(row["round"])
-        _write_line(_row_line(row, config.dataset))
+        _write_line(_row_line(row, config.dataset), progress)
+        if tracker:
+            tracker.log_round(row)
 
     try:
-        history = run(config, on_round=print_row)
+        history = run(config, on_round=on_round, progress=progress)
     except KeyboardInterrupt as stop:
         from flnotes.engine.sim import interruption_report
 
+        if tracker:
+            tracker.close("interrupted")
         print(interruption_report(config.run_dir), file=sys.stderr)
         return exit_code(stop)
+    except BaseException:
+        if tracker:
+            tracker.close("failed")
+        raise
     if not printed and history.rows:  # a finished folder, reloaded: show what it holds
         go_on = ("raise --rounds to continue it, or delete the folder to run it again"
                  if history.status == "completed" else
@@ -62,12 +86,58 @@ def run_command(config: RunConfig, seeds: list[int] | None = None) -> int:
               f"{len(history.rows)} rounds): showing it; {go_on}")
         for row in history.rows:
             print(_row_line(row, config.dataset))
+        if tracker:  # a logger asked for after the run: it gets the run's rows now
+            for name in tracker.backfill(history.rows):
+                print(f"{name}: logged the {len(history.rows)} rounds of metrics.jsonl")
+    if tracker:
+        tracker.close(history.status)
     from flnotes.plots import plot_learning_curves
 
     fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
     png = _save_curve(fig, Path(config.run_dir) / "learning_curve.png")
     print(f"status: {history.status}; run folder: {config.run_dir}; curve: {png}")
+    if tracker:
+        print("; ".join(tracker.where()))
     return 0 if history.status == "completed" else 1
+
+
+def on_terminal() -> bool:
+    """True when stderr (where progress bars go) is a terminal: bars only there, since a
+    redirected log would fill with their \\r-redrawn lines."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
+
+
+def _tracker(config: RunConfig, loggers: list[str] | None, logger_dir: str | None):
+    """The run's Tracker (None without loggers): settings as the run records them."""
+    if not loggers:
+        return None
+    from flnotes.engine.tracking import Tracker
+
+    return Tracker(loggers, config.run_dir, config.resolved().to_dict(), logger_dir)
+
+
+def _plain_start_lines(config: RunConfig) -> None:
+    """Without a progress bar the engine prints nothing before the first round: the
+    settings it will not use and, for a run folder it resumes, from where (as it would)."""
+    import json
+
+    from flnotes.engine.sim import ignored_settings
+
+    for line in ignored_settings(config):
+        print(line, file=sys.stderr)
+    run_dir = Path(config.run_dir)
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        held = int(meta.get("checkpoint_round") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return  # a new folder (or one the run will name as damaged)
+    if meta.get("status") != "diverged" and 0 < held < config.rounds \
+            and (run_dir / "checkpoint.pt").exists():
+        print(f"resuming {run_dir} from round {held}, its last checkpoint (rounds "
+              f"{held + 1}-{config.rounds} to run)", flush=True)
 
 
 # On the toy, "accuracy" is a yes/no about where the model ended, not a share of samples.
@@ -76,8 +146,13 @@ TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat ba
             "gradient noise, so it can be negative")
 
 
-def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
-    """Several seeds stacked into one batched run; per-seed and mean +- std accuracy."""
+def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
+               logger_dir: str | None) -> int:
+    """Several seeds stacked into one batched run; per-seed and mean +- std accuracy.
+
+    Loggers get each seed's rows once the seeds end (the stacked run has no per-round
+    callback), each seed folder its own TensorBoard folder and MLflow run.
+    """
     from flnotes.engine.seeds import run_seeds
     from flnotes.engine.sim import interruption_report
     from flnotes.plots import plot_learning_curves
@@ -90,7 +165,7 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
     for line in ignored_settings(config):
         print(line, file=sys.stderr)
     try:
-        histories = run_seeds(config, seeds)
+        histories = run_seeds(config, seeds, progress=on_terminal())
     except KeyboardInterrupt as stop:
         for seed in seeds:
             print(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}",
@@ -111,6 +186,13 @@ def _run_seeds(config: RunConfig, seeds: list[int]) -> int:
                                title=f"{_curve_title(config)}, {len(seeds)} seeds")
     png = _save_curve(fig, Path(config.run_dir) / "learning_curves.png")
     print(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
+    for seed, history in zip(seeds, histories, strict=True):
+        tracker = _tracker(config.replace(seed=seed, run_dir=str(history.run_dir)), loggers,
+                           logger_dir)
+        if tracker:
+            tracker.backfill(history.rows)
+            tracker.close(history.status)
+            print(f"seed {seed}: {'; '.join(tracker.where())}")
     return 0 if all(h.status == "completed" for h in histories) else 1
 
 
@@ -177,9 +259,13 @@ def _row_line(row: dict, dataset: str) -> str:
             f"  ({row['seconds']:.2f} s)")
 
 
-def _write_line(line: str) -> None:
-    """Print above the progress bar, and flush: a redirected log shows each round at once."""
-    from tqdm.auto import tqdm
+def _write_line(line: str, above_bar: bool = True) -> None:
+    """Print (above the progress bar, if one is drawn), and flush: a redirected log shows
+    each round at once."""
+    if above_bar:
+        from tqdm.auto import tqdm
 
-    tqdm.write(line)
+        tqdm.write(line)
+    else:
+        print(line)
     sys.stdout.flush()

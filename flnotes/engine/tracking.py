@@ -1,0 +1,306 @@
+"""Experiment trackers beside the run folder: TensorBoard event files and a local MLflow store.
+
+``metrics.jsonl`` stays the source of truth; a tracker is a copy for browsing and comparing
+runs, fed from :func:`flnotes.engine.sim.run`'s per-round callback. Each round's row becomes
+scalars at step = round (every number in it: accuracy, loss, train_loss, seconds, a method's
+own such as server_step), and the run's settings become TensorBoard hparams and MLflow params.
+Both stores are files, no server:
+
+- ``tensorboard``: ``<run folder>/tensorboard/`` (with a logger folder D:
+  ``D/tensorboard/<run folder's name>/``); ``tensorboard --logdir`` either;
+- ``mlflow``: ``<run folder>/mlruns/`` (with D: ``D/mlruns/``, one store for many runs),
+  experiment ``flnotes``, one MLflow run per run folder (tag ``flnotes.run_dir``); browse with
+  ``mlflow ui --backend-store-uri file://<that folder>``.
+
+A resumed run continues its tracker run: TensorBoard drops the events of the rounds after the
+checkpoint (``purge_step``), MLflow appends them again (its metric history then holds those
+rounds twice; metrics.jsonl holds them once). A tracker that fails mid-run (a full disk)
+prints one warning and stops; the run goes on. The packages are optional
+(``pip install 'flnotes[tensorboard]'``, ``'flnotes[mlflow]'``) and imported only here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from flnotes.messages import did_you_mean
+
+LOGGERS = ("tensorboard", "mlflow")
+# The module each logger imports, and the extra that installs it.
+_MODULES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+EXPERIMENT = "flnotes"
+RUN_DIR_TAG = "flnotes.run_dir"
+
+
+class TrackingError(ValueError):
+    """A logger that cannot be used (unknown name, package missing): one line."""
+
+
+def parse_loggers(values: Iterable[str] | None) -> list[str]:
+    """The logger names of ``--logger`` (repeated, or comma lists), in order, once each."""
+    names: list[str] = []
+    for value in values or []:
+        for part in str(value).split(","):
+            name = part.strip().lower()
+            if not name:
+                continue
+            if name not in LOGGERS:
+                raise TrackingError(f"unknown logger {part.strip()!r}"
+                                    f"{did_you_mean(name, list(LOGGERS))}; choices: "
+                                    f"{', '.join(LOGGERS)}")
+            if name not in names:
+                names.append(name)
+    if values and not names:
+        raise TrackingError(f"--logger names no logger; choices: {', '.join(LOGGERS)}")
+    return names
+
+
+def check_installed(names: Iterable[str]) -> None:
+    """TrackingError naming the pip command for the first logger whose package is missing."""
+    for name in names:
+        if importlib.util.find_spec(_MODULES[name]) is None:
+            raise TrackingError(f"--logger {name} needs the {_MODULES[name]} package: "
+                                f"pip install 'flnotes[{name}]'")
+
+
+def scalars(row: dict) -> dict[str, float]:
+    """The numbers of a metrics row but its round (bools as 0/1; text and lists left out)."""
+    out = {}
+    for key, value in row.items():
+        if key == "round" or not isinstance(value, (int, float)):
+            continue
+        out[key] = float(value)
+    return out
+
+
+def _flat_settings(settings: dict) -> dict[str, object]:
+    """Settings as numbers, bools and text (a dict or list as its JSON); None left out."""
+    out: dict[str, object] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        else:
+            out[key] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
+class TensorBoardLogger:
+    """Event files in one folder: a scalar per metric per round, the settings as hparams."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path, settings: dict) -> None:
+        self.log_dir = Path(log_dir)
+        self.settings = settings
+        self._writer = None
+
+    def has_data(self) -> bool:
+        """True when the folder already holds event files (a backfill would repeat them)."""
+        return self.log_dir.is_dir() and any(self.log_dir.glob("events.out.tfevents.*"))
+
+    def _open(self, first_round: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        # A resumed run recomputes the rounds after its checkpoint: the events of those
+        # rounds from the earlier start are hidden from TensorBoard.
+        purge = first_round if first_round > 1 else None
+        self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
+        if purge is None:
+            flat = _flat_settings(self.settings)
+            for summary in hparams(flat, {"accuracy": 0.0, "loss": 0.0, "train_loss": 0.0}):
+                self._writer.file_writer.add_summary(summary)
+            text = json.dumps(self.settings, indent=2, sort_keys=True, default=str)
+            self._writer.add_text("config", "```\n" + text + "\n```")
+
+    def log_round(self, row: dict) -> None:
+        step = int(row["round"])
+        if self._writer is None:
+            self._open(step)
+        for key, value in scalars(row).items():
+            self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()  # a TensorBoard watching the folder sees each round
+
+    def close(self, status: str) -> None:
+        if self._writer is not None:
+            self._writer.add_text("status", status)
+            self._writer.close()
+            self._writer = None
+
+
+class MLflowLogger:
+    """One MLflow run in a local file store (``mlruns/``), continued when the folder resumes."""
+
+    name = "mlflow"
+
+    def __init__(self, store: Path, settings: dict, run_dir: str, run_name: str) -> None:
+        self.store = Path(store)
+        self.settings = settings
+        self.run_dir = str(Path(run_dir).resolve())
+        self.run_name = run_name
+        self._client = None
+        self._run_id: str | None = None
+
+    @property
+    def uri(self) -> str:
+        return self.store.resolve().as_uri()
+
+    def _connect(self):
+        if self._client is None:
+            # MLflow 3 refuses a file store unless told to allow it: a folder is what this
+            # logger is for (no server, no database); a user's own setting is kept.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def _experiment_id(self, create: bool) -> str | None:
+        client = self._connect()
+        experiment = client.get_experiment_by_name(EXPERIMENT)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(EXPERIMENT) if create else None
+
+    def _existing_run(self):
+        """The store's run of this run folder (the newest, if several), or None."""
+        if not self.store.is_dir():
+            return None
+        experiment_id = self._experiment_id(create=False)
+        if experiment_id is None:
+            return None
+        token = None
+        while True:  # compared here, not in a filter string: a path may hold quotes
+            page = self._connect().search_runs([experiment_id], max_results=1000,
+                                               order_by=["attributes.start_time DESC"],
+                                               page_token=token)
+            for found in page:
+                if found.data.tags.get(RUN_DIR_TAG) == self.run_dir:
+                    return found
+            token = page.token
+            if not token:
+                return None
+
+    def has_data(self) -> bool:
+        return self._existing_run() is not None
+
+    def _open(self) -> None:
+        from mlflow.entities import Param
+
+        client = self._connect()
+        found = self._existing_run()
+        if found is not None:  # a resumed run folder: its MLflow run goes on
+            self._run_id = found.info.run_id
+            client.update_run(self._run_id, status="RUNNING")
+            known = found.data.params
+        else:
+            run = client.create_run(self._experiment_id(create=True), run_name=self.run_name,
+                                    tags={RUN_DIR_TAG: self.run_dir})
+            self._run_id = run.info.run_id
+            known = {}
+        # MLflow params cannot change: a resumed run keeps its first values (a raised
+        # --rounds is in metrics.jsonl's rows and config.json).
+        params = [Param(k, str(v)) for k, v in _flat_settings(self.settings).items()
+                  if k not in known]
+        for start in range(0, len(params), 100):  # log_batch takes at most 100 params
+            client.log_batch(self._run_id, params=params[start:start + 100])
+
+    def log_round(self, row: dict) -> None:
+        from mlflow.entities import Metric
+
+        if self._run_id is None:
+            self._open()
+        now = int(time.time() * 1000)
+        step = int(row["round"])
+        metrics = [Metric(k, v, now, step) for k, v in scalars(row).items()]
+        if metrics:
+            self._connect().log_batch(self._run_id, metrics=metrics)
+
+    def close(self, status: str) -> None:
+        if self._run_id is None:
+            return
+        client = self._connect()
+        client.set_tag(self._run_id, "flnotes.status", status)
+        end = {"completed": "FINISHED", "diverged": "FINISHED", "interrupted": "KILLED"}
+        client.set_terminated(self._run_id, status=end.get(status, "FAILED"))
+        self._run_id = None
+
+
+class Tracker:
+    """The loggers of one run folder, fed round by round; a failing logger is dropped with
+    one warning line on stderr (the run and its metrics.jsonl go on)."""
+
+    def __init__(self, names: Iterable[str], run_dir: str | Path, settings: dict,
+                 logger_dir: str | Path | None = None) -> None:
+        names = list(names)
+        check_installed(names)
+        run_dir = Path(run_dir)
+        base = Path(logger_dir) if logger_dir else run_dir
+        self.loggers: list = []
+        for name in names:
+            if name == "tensorboard":
+                where = base / "tensorboard" / (run_dir.name if logger_dir else "")
+                self.loggers.append(TensorBoardLogger(where, settings))
+            else:
+                self.loggers.append(MLflowLogger(base / "mlruns", settings, str(run_dir),
+                                                 run_dir.name))
+
+    def __bool__(self) -> bool:
+        return bool(self.loggers)
+
+    def _each(self, action: str, *args) -> None:
+        for logger in list(self.loggers):
+            try:
+                getattr(logger, action)(*args)
+            except Exception as err:  # a tracker is a copy: it must not stop the run
+                self.loggers.remove(logger)
+                reason = " ".join(str(err).split())[:200]
+                print(f"warning: the {logger.name} logger stopped ({type(err).__name__}: "
+                      f"{reason}); metrics.jsonl keeps every round", file=sys.stderr)
+
+    def log_round(self, row: dict) -> None:
+        """One round's row, as it ends."""
+        self._each("log_round", row)
+
+    def backfill(self, rows: list[dict]) -> list[str]:
+        """Log the rows of a finished run to each logger that holds nothing of it yet (a run
+        reloaded, or a --seeds run's folders); returns those loggers' names."""
+        fresh = [logger for logger in self.loggers if not _holds_data(logger)]
+        kept = [logger for logger in self.loggers if logger not in fresh]
+        self.loggers = fresh
+        for row in rows:
+            self.log_round(row)
+        done = [logger.name for logger in self.loggers]
+        self.loggers = kept + self.loggers  # a dropped one stays dropped
+        return done
+
+    def close(self, status: str) -> None:
+        """End each logger's run with the run's status (completed, interrupted, ...)."""
+        self._each("close", status)
+
+    def where(self) -> list[str]:
+        """Where each logger writes, for the run's last line."""
+        out = []
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                out.append(f"tensorboard: {logger.log_dir}")
+            else:
+                out.append(f"mlflow: {logger.uri}")
+        return out
+
+
+def _holds_data(logger) -> bool:
+    """Whether a logger's store holds this run already (unreadable: no, so that writing
+    it says what is wrong)."""
+    try:
+        return logger.has_data()
+    except Exception:
+        return False
