@@ -86,7 +86,10 @@ from torch import nn
 
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.settings import Setting
+from flnotes.engine.batched.schedule import masked_loss, masked_mean
+from flnotes.engine.batched.stacked import client_lanes, train_stacked
 from flnotes.engine.state import clone_state
+from flnotes.engine.train import iter_batches
 from flnotes.messages import did_you_mean
 from flnotes.models import build_model, model_names
 from flnotes.rng import seeded_cpu_rng
@@ -254,7 +257,6 @@ class FML(Strategy):
     def local_update(self, task, round: int, client: int, start,
                      generator: torch.Generator) -> ClientResult:
         """DML of the meme (forked from ``start``) and the personal model over local epochs."""
-        from flnotes.engine.train import iter_batches  # train imports algorithms: import lazily
 
         cfg = self.config
         x, y = task.client_data(client)
@@ -296,7 +298,6 @@ class FML(Strategy):
         None (the reference loop trains them) when personal architectures differ or clients
         hold different tasks.
         """
-        from flnotes.engine.batched.stacked import client_lanes, train_stacked  # (import cycle)
 
         if self.heterogeneous() or task.num_tasks > 1:
             return None
@@ -314,7 +315,6 @@ class FML(Strategy):
 
     def batched_objective(self, loss_fn):
         """The DML objective of one client's two models, for the batched step (masked rows)."""
-        from flnotes.engine.batched.schedule import masked_loss, masked_mean
 
         a, b = self.config.personal_weight, self.config.meme_weight
 

@@ -19,8 +19,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flnotes.data.multitask import class_offsets, task_labels, task_parts
-from flnotes.data.registry import TASK_BUILDERS
+from flnotes.algorithms import algorithm_class
+from flnotes.data import load_dataset
+from flnotes.data.multitask import (
+    MultitaskData,
+    check_task_parts,
+    class_offsets,
+    load_multitask,
+    multitask_partition,
+    task_labels,
+    task_parts,
+)
+from flnotes.data.partition import load_manifest, make_partition, save_manifest
+from flnotes.data.registry import DATASETS, TASK_BUILDERS
+from flnotes.data.tensors import default_data_dir
+from flnotes.models import build_model
 from flnotes.rng import torch_generator
 
 
@@ -174,8 +187,6 @@ def build_task(config) -> Task:
     if config.dataset in TASK_BUILDERS:  # a dataset that builds its whole task (the toy)
         return TASK_BUILDERS[config.dataset](config)
 
-    from flnotes.data.multitask import MultitaskData, check_task_parts, multitask_partition
-    from flnotes.data.partition import load_manifest, make_partition, save_manifest
 
     data = load_task_data(config)
     if isinstance(data, MultitaskData):
@@ -244,10 +255,6 @@ def build_task(config) -> Task:
 
 def load_task_data(config):
     """The run's dataset as tensors: a registered one, or a composition of them ("A+B")."""
-    from flnotes.data import load_dataset
-    from flnotes.data.multitask import load_multitask
-    from flnotes.data.registry import DATASETS
-    from flnotes.data.tensors import default_data_dir
 
     names = task_parts(config.dataset)
     if names is None:
@@ -269,8 +276,6 @@ def _natural_task(config, data, parts: list[torch.Tensor], tests: list[torch.Ten
 
 
 def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_source) -> Task:
-    from flnotes.algorithms import algorithm_class
-    from flnotes.models import build_model
 
     device = resolve_device(config.device)
     input_shape = tuple(data.train_x.shape[1:])
