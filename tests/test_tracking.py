@@ -168,3 +168,14 @@ def test_a_progress_bar_on_a_terminal(tmp_path, monkeypatch, capsys):
     assert main(["run", *TINY, "--run-dir", str(tmp_path / "r")]) == 0
     assert "\r" in terminal.getvalue() and "2/2" in terminal.getvalue()
     assert "round    2" in capsys.readouterr().out
+
+
+@_needs("tensorboard")
+def test_seeds_log_each_seeds_folder_when_they_end(tmp_path, capsys):
+    folder = tmp_path / "cell"
+    assert main(["run", *TINY, "--seeds", "0,1", "--run-dir", str(folder),
+                 "--logger", "tensorboard"]) == 0
+    for seed in (0, 1):
+        logged = _tensorboard_scalars(folder / f"seed{seed}" / "tensorboard", "accuracy")
+        assert logged == [(r["round"], pytest.approx(r["accuracy"]))
+                          for r in _rows(folder / f"seed{seed}")]
