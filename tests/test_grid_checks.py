@@ -131,3 +131,24 @@ def test_the_module_command_prints_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "set by --set: RunConfig.rounds=-3 is invalid" in line and "and 1 more" in line
+
+
+def test_a_grid_runs_the_baselines_as_the_seed_code_ran_them_by_one_option():
+    """issue 29: --set baselines=seed-code gives every cell the seed code's reading of the
+    baselines over its own preset; methods with one reading keep their cells (same ids)."""
+    from flnotes.config.presets import seed_code_baselines
+    from flnotes.repro.grid import GridError, load_grid
+
+    grid = Path(__file__).resolve().parent.parent / "sweeps" / "fedmut_table1.yaml"
+    paper = {c.id: c for c in load_grid(grid).cells}
+    seed = {c.id: c for c in load_grid(grid, overrides={"baselines": "seed-code"}).cells}
+    fedgen = [c for c in seed.values() if c.parameters.get("algorithms") == "fedgen"]
+    assert fedgen and all(c.parameters["extra"]["fedgen_teacher_weighting"] == "mean-product"
+                          for c in fedgen)
+    assert all(c.id not in paper for c in fedgen)  # another reading: other cells
+    assert {k: v for k, v in seed_code_baselines().items() if k.startswith("fedgen")} == {
+        k: v for k, v in fedgen[0].parameters["extra"].items() if k.startswith("fedgen")}
+    fedavg = [i for i, c in seed.items() if c.parameters.get("algorithms") == "fedavg"]
+    assert fedavg and all(i in paper for i in fedavg)  # FedAvg has one reading: same cells
+    with pytest.raises(GridError, match="baselines"):
+        load_grid(grid, overrides={"baselines": "nope"})

@@ -20,6 +20,10 @@ A grid file::
 ``preset`` (in fixed or in a bundle) expands to that preset's RunConfig fields
 (``python -m flnotes presets NAME``) under everything set explicitly; fields the notebook has
 no parameter for go into its ``extra`` dict; the preset's ``algorithm`` is left to the grid.
+``baselines: seed-code`` (in the grid or ``--set baselines=seed-code``) runs every baseline
+as the seed papers' authors ran it (:func:`flnotes.config.presets.seed_code_baselines`, what
+the ``*-official`` presets set) over each cell's preset; ``paper`` (the default) keeps each
+baseline's own paper. ``tables`` marks the cells that ran the seed code's reading.
 An axis's label is the cell's label for the axis name; the labels named dataset, model,
 heterogeneity and method key the cell into the paper table (see flnotes.tables).
 
@@ -50,7 +54,8 @@ GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seed
              "description", "stack_seeds"}
 SMOKE_KEYS = {"fixed", "grid", "seeds", "labels", "stack_seeds"}
 RESERVED = {"output_dir", "seeds", "seed"}  # set by the sweep itself
-PSEUDO = {"preset", "labels"}  # grid keys that are not notebook parameters
+PSEUDO = {"preset", "labels", "baselines"}  # grid keys that are not notebook parameters
+BASELINE_READINGS = ("paper", "seed-code")  # the grid key baselines: whose reading to run
 LOCATION_PARAMETERS = {"data_dir", "threads", "device"}  # left out of a cell's id
 
 
@@ -519,6 +524,8 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
             if isinstance(hashed.get("extra"), dict):
                 hashed["extra"] = _read_by(hashed["extra"],
                                            params.get("algorithms", params.get("algorithm")))
+                if not hashed["extra"]:  # nothing left: the same cell as one without extra
+                    del hashed["extra"]
             digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode())
             name = "_".join(_slug(label) for _, label, _ in combo)
             seed_tag = "seed" + "+".join(map(str, group))
@@ -531,11 +538,21 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
     """Notebook parameters of a cell: its preset's fields, then each layer in order on top."""
     from flnotes.config.presets import preset_values
 
+    from flnotes.config.presets import seed_code_baselines
+
     preset = next((layer["preset"] for layer in reversed(layers) if "preset" in layer), None)
+    reading = next((layer["baselines"] for layer in reversed(layers) if "baselines" in layer),
+                   "paper")
+    if reading not in BASELINE_READINGS:
+        raise ValueError(f"baselines: {reading!r} is not one of {list(BASELINE_READINGS)} "
+                         "(paper: each baseline's own paper; seed-code: as the seed papers' "
+                         "authors ran them)")
     params: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    if preset is not None:
-        values = preset_values(preset)
+    if preset is not None or reading == "seed-code":
+        values = preset_values(preset) if preset is not None else {}
+        if reading == "seed-code":  # over the preset's values, under everything set explicitly
+            values.update(seed_code_baselines())
         values.pop("algorithm", None)  # the grid chooses the methods
         for key, value in values.items():
             if known is None or key in known:
