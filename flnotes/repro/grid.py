@@ -536,9 +536,7 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
 
 def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dict[str, Any]:
     """Notebook parameters of a cell: its preset's fields, then each layer in order on top."""
-    from flnotes.config.presets import preset_values
-
-    from flnotes.config.presets import seed_code_baselines
+    from flnotes.config.presets import preset_values, seed_code_baselines
 
     preset = next((layer["preset"] for layer in reversed(layers) if "preset" in layer), None)
     reading = next((layer["baselines"] for layer in reversed(layers) if "baselines" in layer),
