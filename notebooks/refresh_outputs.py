@@ -58,20 +58,80 @@ def palette_png(encoded: str) -> str:
     return base64.b64encode(smaller).decode("ascii") if len(smaller) < len(encoded) else encoded
 
 
-def shrink_figures(outputs: list) -> list:
-    """``outputs`` with every PNG stored as :func:`palette_png` gives it, and without tqdm's
-    progress bars: a stored bar's text is its first state ("0%"), which a reader would take
-    for a run that never went on (the line the cell prints when done says how long it took)."""
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _bar_text(model_id: str, state: dict) -> str | None:
+    """A tqdm bar's last state as the text line tqdm prints outside a notebook, from the
+    run's widget state (its box: description, progress, counts); None if not a bar."""
+    box = state.get(model_id, {}).get("state", {})
+    children = [str(c).removeprefix("IPY_MODEL_") for c in box.get("children", [])]
+    parts = [state.get(c, {}) for c in children]
+    bar = next((p["state"] for p in parts if p.get("model_name") == "FloatProgressModel"),
+               None)
+    if bar is None:
+        return None
+    texts = [p["state"].get("value", "") for p in parts if p.get("model_name") == "HTMLModel"]
+    left, right = (texts + ["", ""])[:2]
+    share = bar.get("value", 0) / bar["max"] if bar.get("max") else 0.0
+    line = f"{left.strip()} {share:.0%}| {right.strip()}".strip()
+    return re.sub(r"<[^>]+>|&nbsp;", " ", line).replace("  ", " ")
+
+
+def store_as_text(outputs: list, state: dict) -> list:
+    """``outputs`` with no widget view left: a reopened copy has no widget models, and
+    JupyterLab shows "Error displaying widget: model not found" for each. An explorer's
+    controls become their plain sentence (its text/plain), a tqdm bar the text line of its
+    last state (or nothing, if its state was not recorded)."""
     kept = []
+    for output in outputs:
+        data = output.get("data", {})
+        if WIDGET_VIEW not in data:
+            kept.append(output)
+            continue
+        text = _bar_text(data[WIDGET_VIEW]["model_id"], state)
+        if text is None and re.search(r"\d+%\|", str(data.get("text/plain", ""))):
+            continue  # a bar whose last state is unknown: its first state would mislead
+        if text is not None:
+            kept.append(nbformat.v4.new_output("stream", name="stderr", text=text + "\n"))
+        else:
+            kept.append(nbformat.v4.new_output("display_data",
+                                               data={"text/plain": data.get("text/plain", "")}))
+    return kept
+
+
+def _overwritten(text: str) -> str:
+    """Each line as a terminal shows it: what follows its last carriage return (a text
+    progress bar redraws its line so; stored, only its last state is kept)."""
+    return "\n".join(line.rsplit("\r", 1)[-1] if line.rstrip("\r") else line
+                     for line in text.split("\n"))
+
+
+def coalesce_streams(outputs: list) -> list:
+    """Consecutive stream outputs of one stream as one output, each line as shown (how a
+    cell's printed lines were split into messages depends on the machine's speed)."""
+    kept = []
+    for output in outputs:
+        last = kept[-1] if kept else None
+        if (output.get("output_type") == "stream" and last is not None
+                and last.get("output_type") == "stream" and last["name"] == output["name"]):
+            last["text"] = "".join(last["text"]) + "".join(output["text"])
+        else:
+            kept.append(output)
+    for output in kept:
+        if output.get("output_type") == "stream" and "\r" in "".join(output["text"]):
+            output["text"] = _overwritten("".join(output["text"]))
+    return kept
+
+
+def shrink_figures(outputs: list) -> list:
+    """``outputs`` with every PNG stored as :func:`palette_png` gives it."""
     for output in outputs:
         data = output.get("data", {})
         if "image/png" in data:
             data["image/png"] = palette_png(data["image/png"])
-        widget = "application/vnd.jupyter.widget-view+json" in data
-        if widget and re.search(r"\d+%\|", str(data.get("text/plain", ""))):
-            continue
-        kept.append(output)
-    return kept
+    return outputs
 
 
 def refresh(path: Path, timeout: int = 1800) -> int:
@@ -79,12 +139,13 @@ def refresh(path: Path, timeout: int = 1800) -> int:
     how many checked cells' outputs changed."""
     stored = nbformat.read(path, as_version=4)
     executed = nbformat.read(path, as_version=4)
-    # No widget state in the file: the explorers' figures are plain image outputs already,
-    # and their controls need a kernel anyway.
+    # The run's widget state is read (for the progress bars' last lines), never stored: the
+    # explorers' figures are plain image outputs already, and their controls need a kernel.
     NotebookClient(executed, timeout=timeout, kernel_name="python3",
-                   kernel_manager_class=quiet_kernel_manager(), store_widget_state=False,
+                   kernel_manager_class=quiet_kernel_manager(), store_widget_state=True,
                    record_timing=False,
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    state = executed.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     keep_all = path.stem in SHIPPED_WITH_FIGURES
     changed = 0
     for old, new in zip(stored.cells, executed.cells, strict=True):
@@ -92,10 +153,16 @@ def refresh(path: Path, timeout: int = 1800) -> int:
             continue
         keep = keep_all or checked(old)
         outputs, count = (new.outputs, new.execution_count) if keep else ([], None)
+        outputs = coalesce_streams(store_as_text(outputs, state))
         if keep_all and not checked(old):  # a checked cell's output is compared: as it came
             outputs = shrink_figures(outputs)
         changed += checked(old) and old.outputs != outputs
         old.outputs, old.execution_count = outputs, count
+    # The kernel's full language_info, as JupyterLab writes it when a kernel starts: stored
+    # without it, a notebook was marked unsaved the moment it opened.
+    stored.metadata["language_info"] = executed.metadata.get(
+        "language_info", stored.metadata.get("language_info", {}))
+    stored.metadata.pop("widgets", None)
     # nbformat's own layout plus the final newline the committed files have.
     path.write_text(nbformat.writes(stored) + "\n", encoding="utf-8")
     return changed

@@ -264,7 +264,9 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
 
 def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
           progress: bool, overrides: dict) -> list[dict]:
-    from tqdm.auto import tqdm
+    # The text bar, in a notebook too: a notebook's widget bar is stored as a widget view
+    # whose model a reopened copy lacks ("Error displaying widget: model not found").
+    from tqdm.std import tqdm
 
     if stack:
         work, jobs = method_rows, [(a, seeds, overrides) for a in algorithms]

@@ -583,7 +583,8 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
     marks += [h for h, t in zip(*first.get_legend_handles_labels(), strict=True) if t]
     # Fixed margins in inches: two-line titles above each panel, the legend below them.
     w, h = fig.get_figwidth(), fig.get_figheight()
-    fig.subplots_adjust(left=0.55 / w, right=1 - 0.1 / w, top=1 - 0.5 / h, bottom=1.05 / h,
+    top = 0.5 + (0.2 if interval else 0.0)  # room for the interval's line of the titles
+    fig.subplots_adjust(left=0.55 / w, right=1 - 0.1 / w, top=1 - top / h, bottom=1.05 / h,
                         wspace=0.3, hspace=0.45)
     fig.legend(handles=marks, loc="lower center", ncol=3, fontsize=8, facecolor="0.75",
                framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
