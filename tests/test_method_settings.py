@@ -179,3 +179,27 @@ def test_no_generic_module_tests_a_method_name_or_keeps_a_method_list():
     found = [f for part in GENERIC for path in sorted((package / part).rglob("*.py"))
              for f in _name_tests(path, names)]
     assert not found, found
+
+
+def test_notebook_parameters_that_are_method_settings_have_their_declared_type():
+    """The papermill parameters cells of the reproduction notebooks name method settings by
+    their flat names; each one's annotation is its declaration's type (Optional when None is
+    allowed there or in the notebook), so papermill --help-notebook documents them right."""
+    import papermill as pm
+
+    from flnotes.algorithms import all_settings
+
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    words = {bool: "bool", int: "int", float: "float", str: "str"}
+    checked = 0
+    for name in ("10_reproduce_cifar", "11_reproduce_shakespeare", "12_reproduce_fml"):
+        for parameter, info in pm.inspect_notebook(str(notebooks / f"{name}.ipynb")).items():
+            declared = all_settings().get(parameter)
+            if declared is None:
+                continue
+            setting = next(iter(declared.values()))
+            expected = words[setting.kind]
+            assert info["inferred_type_name"] in (expected, f"Optional[{expected}]") or (
+                setting.name == "personal_models"), (name, parameter, info)
+            checked += 1
+    assert checked >= 8
