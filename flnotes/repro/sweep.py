@@ -203,7 +203,8 @@ class SweepInterrupted(KeyboardInterrupt):
 def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
               force: bool = False, progress: bool = True, only: list[str] | None = None,
               processes: bool | None = None, executor: str = "local",
-              address: str | None = None):
+              address: str | None = None, gpus_per_cell: float | None = None,
+              cpus_per_cell: float = 1.0, retries: int = 0):
     """Run every cell not yet completed; return the summary table (one row per cell).
 
     ``only``: run just the cells whose id contains one of these texts. ``processes``: run
@@ -211,14 +212,18 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     line always does, even with one worker: papermill, waiting on a kernel in this
     process, does not stop on Ctrl-C, while a worker is stopped at once. ``executor="ray"``
     runs each cell as a Ray task instead (:mod:`flnotes.repro.ray_executor`; ``address``
-    joins a running cluster), with the same folders, records and summary.
+    joins a running cluster; ``gpus_per_cell``, ``cpus_per_cell`` and ``retries`` as their
+    flags), with the same folders, records and summary.
     """
     if executor not in ("local", "ray"):
         raise ValueError(f"unknown executor {executor!r}; choose local or ray")
     if executor == "ray":
-        from flnotes.repro.ray_executor import _import_ray
+        from flnotes.repro.ray_executor import _import_ray, cell_options, check_reachable
 
         _import_ray()  # no Ray: one line saying how to install it, before anything runs
+        ray_options = cell_options(gpus_per_cell, cpus_per_cell, retries)  # bad: one line
+        if address:
+            check_reachable(address)  # a dead head: one line at once, not Ray's retries
     from tqdm.auto import tqdm
 
     out = Path(out_dir or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}")
@@ -261,7 +266,12 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
                     record = _finished_record(job, None)
                     records[record["id"]] = record
 
-            run_on_ray(run_cell, jobs, workers, address, on_record, failed_record, on_stop)
+            try:
+                run_on_ray(run_cell, jobs, workers, address, on_record, failed_record,
+                           on_stop, **ray_options)
+            except ValueError:  # a cluster that cannot run the cells: its line after the bar
+                bar.close()
+                raise
         elif not (processes if processes is not None else workers > 1):
             for job in jobs:
                 record = run_cell(*job)
@@ -420,13 +430,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: runs/sweeps/<name>-<variant>)")
     parser.add_argument("--workers", type=int, default=1,
                         help="cells run at once, each worker pinned to one GPU (round-robin); "
-                        "with --executor ray and no --address: the local Ray instance's CPUs")
+                        "with --executor ray and no --address: the local Ray instance gets "
+                        "WORKERS x --cpus-per-cell CPUs and this machine's GPUs")
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
                         help="where cells run: local processes (default) or Ray tasks, one "
                         "per cell (pip install 'flnotes[ray]')")
     parser.add_argument("--address", default=None,
                         help="with --executor ray: a running Ray cluster to join (e.g. "
                         "HEAD_IP:6379, or auto); default: a local Ray instance")
+    parser.add_argument("--gpus-per-cell", default=None, metavar="N",
+                        help="with --executor ray: GPUs each cell's task asks for (Ray sets "
+                        "its CUDA_VISIBLE_DEVICES; a fraction shares one, e.g. 0.25 packs "
+                        "four small CNNs on a GPU; 0: the cell runs on the CPU); default: 1 "
+                        "where the cluster has GPUs, else 0")
+    parser.add_argument("--cpus-per-cell", default=None, metavar="N",
+                        help="with --executor ray: CPUs each cell's task asks for (and its "
+                        "threads; a fraction below 1 allowed); default: 1")
+    parser.add_argument("--retries", default=None, metavar="N",
+                        help="with --executor ray: run a cell again, up to N times, when its "
+                        "worker or node dies (preempted, killed; its run folders resume from "
+                        "their checkpoints); an error in the notebook is never retried; "
+                        "default: 0")
     parser.add_argument("--force", action="store_true", help="re-run completed cells too")
     parser.add_argument("--only", action="append", metavar="TEXT",
                         help="run only cells whose id contains TEXT (repeatable: any of them)")
@@ -465,9 +489,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         if args.address and args.executor != "ray":
             raise GridError("--address joins a Ray cluster: add --executor ray")
+        ray_flags = {name: getattr(args, name, None) for name in ("gpus_per_cell",
+                                                                  "cpus_per_cell", "retries")}
+        ray_flags = {name: value for name, value in ray_flags.items() if value is not None}
+        if ray_flags and args.executor != "ray":
+            flag = "--" + next(iter(ray_flags)).replace("_", "-")
+            raise GridError(f"{flag} sizes the cells' Ray tasks: add --executor ray")
         summary = run_sweep(grid, args.out, workers=args.workers, force=args.force,
                             only=args.only, processes=True, executor=args.executor,
-                            address=args.address)
+                            address=args.address, **ray_flags)
     except SweepInterrupted as stopped:
         _print_summary(stopped.summary)
         done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())
