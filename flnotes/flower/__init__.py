@@ -11,7 +11,10 @@ implementation of them:
   engine's local training (:func:`flnotes.engine.backends.train_clients`);
 - :mod:`.records`: states <-> ``ArrayRecord``, Flower's run config -> ``RunConfig``;
 - :mod:`.inprocess`: an in-process ``Grid`` that hands each message to the ClientApp in
-  the same process (tests and teaching; no Ray, no network).
+  the same process (tests and teaching; no Ray, no network);
+- :mod:`.dropin`: :class:`FedMut`, :class:`FedQP`, :class:`FedMR`, :class:`FedExP` and
+  :class:`CluSamp`, Flower ``FedAvg`` strategies for any ClientApp and model (the user's own
+  data and training), whose rounds are flnotes' strategies over the ArrayRecords.
 
 How a round travels: the server samples clients as the engine does, from the stream
 (seed, "sample", round) or the strategy's ``select_clients``; each flnotes client index is a
@@ -46,8 +49,9 @@ except ImportError:  # one line, the fix in it (not a traceback from deep inside
     raise ImportError("flnotes.flower needs Flower: pip install 'flnotes[flower]'") from None
 
 from flnotes.flower.client import client_app
+from flnotes.flower.dropin import CluSamp, FedExP, FedMR, FedMut, FedQP
 from flnotes.flower.records import SUPPORTED, check_supported, config_from_run_config
 from flnotes.flower.server import FlowerStrategy, server_app
 
-__all__ = ["SUPPORTED", "FlowerStrategy", "check_supported", "client_app",
-           "config_from_run_config", "server_app"]
+__all__ = ["SUPPORTED", "CluSamp", "FedExP", "FedMR", "FedMut", "FedQP", "FlowerStrategy",
+           "check_supported", "client_app", "config_from_run_config", "server_app"]

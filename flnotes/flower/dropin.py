@@ -1,0 +1,343 @@
+"""Drop-in Flower strategies: FedMut, FedQP, FedMR, FedExP and CluSamp for any ClientApp.
+
+:class:`~flnotes.flower.FlowerStrategy` runs a whole flnotes config (its data, model,
+ClientApp and server-side test set). These classes need none of that: each is Flower's own
+``flwr.serverapp.strategy.FedAvg`` whose round is the flnotes method's, over whatever
+``ArrayRecord`` the user's ClientApp trains and returns (any model, any data)::
+
+    from flnotes.flower.dropin import FedMut
+    strategy = FedMut(alpha=4.0, seed=0, fraction_train=0.5)
+    result = strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=50)
+
+The server side is flnotes' own strategy object (:mod:`flnotes.algorithms`: FedMut's
+``sign_mutations``, FedQP's ``project_mutants``, FedMR's ``recombine``, FedExP's
+``server_step_size``, CluSamp's clustering), built at round 1 around the ``initial_arrays``
+given to ``start``; nothing of a method is written twice. Per round:
+
+- ``configure_train``: the method picks the clients (CluSamp's ``select_clients``, or the
+  engine's seeded uniform sampling: ``sample_clients`` with (seed, "sample", round)) and
+  the model each starts from (``dispatch``: a mutant, a recombined model, FedExP's
+  extrapolated iterate); each sampled node gets its own train message, ``arrays`` its start
+  model and ``config`` the ``train_config`` of ``start`` plus ``server-round``, as
+  FedAvg's;
+- ``aggregate_train``: the replies (one ArrayRecord and one MetricRecord each, as FedAvg
+  checks) become the method's ``aggregate``; the returned ArrayRecord is the method's global
+  model (FedExP: the mean of its last two iterates); the MetricRecord is FedAvg's weighted
+  mean of the clients' metrics plus the method's round metrics (FedExP ``server_step``,
+  FedMR ``model_similarity``, CluSamp ``clusters``).
+
+Evaluation (``configure_evaluate``, ``aggregate_evaluate``, ``evaluate_fn``) is FedAvg's.
+
+Where Flower and the engine differ, and what is decided here:
+
+- Clients are Flower nodes: the federation is the nodes connected when round 1 is
+  configured (after waiting for ``min_available_nodes``), in node-id order: client k is the
+  k-th smallest node id. A node that connects later is not sampled. The round's sample size
+  is FedAvg's, ``max(int(N * fraction_train), min_train_nodes)``, fixed at round 1 (the
+  method's K).
+- A ``seed`` fixes the sampling and every random draw of the method (mutation signs, FedQP's
+  projections, FedMR's permutations, CluSamp's draws): two runs with the same seed, nodes
+  and replies send the same models. With the same seed, clients and local training, a
+  drop-in gives ``flnotes.run``'s global model (``tests/test_flower_dropin.py``).
+- Weights: ``weighting`` is the method's default (``uniform`` for FedMut, FedQP and FedMR,
+  as their official code; ``samples`` for FedExP and CluSamp), ``samples`` reading each
+  reply's ``weighted_by_key`` metric (``num-examples``).
+- Failed replies are logged and left out, as FedAvg does; the method aggregates the rest.
+  FedMR recombines the models it got, so after a failure its next round samples as many
+  clients as it holds models.
+- CluSamp's importance needs every client's sample count, which Flower's server learns only
+  from replies: a client not heard from yet counts as the mean of those heard from (1
+  before any reply). With ``weighting="uniform"`` no counts are needed.
+- Not offered: FedMR's ``secure_exchanges`` (a simulation of a client-to-client layer swap,
+  which a Flower deployment would do between ClientApps) and the methods whose clients keep
+  state or need extra local-training terms (:data:`flnotes.flower.SUPPORTED` through
+  :class:`~flnotes.flower.FlowerStrategy` covers FedUp, FedProx, FML, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import re
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flnotes.algorithms import build_strategy, settings_of
+from flnotes.algorithms.base import ClientResult
+from flnotes.config import RunConfig
+from flnotes.engine.sim import sample_clients
+from flnotes.flower.records import record_state, state_record
+from flnotes.messages import did_you_mean
+from flnotes.rng import torch_generator
+
+log = logging.getLogger("flwr")
+
+
+def _default(method: str, setting: str) -> Any:
+    """flnotes' declared default of a method's setting (the constructors' defaults)."""
+    return settings_of(method)[setting].default
+
+
+class DropInStrategy(FedAvg):
+    """FedAvg whose round is a flnotes method's (see the module doc); subclasses name it.
+
+    ``settings``: the method's flnotes settings by their RunConfig names; ``seed``: the
+    seed of every draw; ``weighting``: ``"uniform"``, ``"samples"`` or None (the method's
+    default); every other keyword is FedAvg's (``fraction_train``, ``min_train_nodes``,
+    ``min_available_nodes``, ``fraction_evaluate``, ``weighted_by_key``, ...).
+    """
+
+    method = ""  # the flnotes registry name
+    # constructor argument -> flnotes setting, where the names differ (FedExP's eps)
+    renamed: dict[str, str] = {}
+
+    def __init__(self, settings: dict[str, Any], *, seed: int = 0,
+                 weighting: str | None = None, **fedavg: Any) -> None:
+        known = inspect.signature(FedAvg.__init__).parameters
+        for name in fedavg:
+            if name not in known:
+                own = [p for p in inspect.signature(type(self).__init__).parameters
+                       if p not in ("self", "fedavg")]
+                raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}"
+                                f"{did_you_mean(name, own + list(known)[1:])}")
+        super().__init__(**fedavg)
+        self.settings = dict(settings)
+        self.seed = seed
+        self.weighting = weighting
+        self._run_config(num_clients=2, clients_per_round=1)  # one-line errors, now
+        self.strategy = None  # flnotes' strategy, built at round 1 around initial_arrays
+        self.nodes: list[int] = []  # the federation: client k is nodes[k]
+        self.clients_per_round = 0
+        self.sizes: dict[int, float] = {}  # client -> its last weighted_by_key value
+        self._sent: tuple[int, dict[int, int]] | None = None  # (round, node -> client)
+
+    # ---- the flnotes side ---------------------------------------------------------
+    def _run_config(self, num_clients: int, clients_per_round: int) -> RunConfig:
+        """The RunConfig flnotes' strategy reads: the method's settings, seed, weighting."""
+        try:
+            return RunConfig(algorithm=self.method, num_clients=num_clients,
+                             clients_per_round=clients_per_round, seed=self.seed,
+                             weighting=self.weighting, **self.settings).resolved()
+        except (ValueError, TypeError) as err:
+            raise type(err)(self._message(str(err))) from None
+
+    def _message(self, text: str) -> str:
+        """A RunConfig message in this class's words: FedMut(alpha=-1.0) is invalid: ..."""
+        argument = {flnotes: ours for ours, flnotes in self.renamed.items()}
+        name = type(self).__name__
+        ours = lambda m: argument.get(m.group(1), m.group(1))  # noqa: E731
+        text = re.sub(r"RunConfig\.(\w+)=(\S*) is",
+                      lambda m: f"{name}({ours(m)}={m.group(2)}) is", text)
+        text = re.sub(r"RunConfig\.(\w+)", lambda m: f"{name}'s {ours(m)}", text)
+        return " ".join(text.split())
+
+    def _begin(self, arrays: ArrayRecord, grid: Grid) -> None:
+        """Round 1: the federation (the nodes connected now), K, and flnotes' strategy
+        around ``arrays``, the model ``start`` was given."""
+        need = max(self.min_available_nodes, self.min_train_nodes)
+        while len(nodes := sorted(grid.get_node_ids())) < need:
+            log.info("Waiting for nodes to connect: %d connected (minimum required: %d).",
+                     len(nodes), need)
+            time.sleep(1)
+        size = min(max(int(len(nodes) * self.fraction_train), self.min_train_nodes), len(nodes))
+        self.nodes = nodes
+        self.clients_per_round = max(size, 1)
+        config = self._run_config(num_clients=len(nodes),
+                                  clients_per_round=self.clients_per_round)
+        try:
+            self.strategy = build_strategy(config, record_state(arrays))
+        except ValueError as err:
+            raise ValueError(self._message(str(err))) from None
+        self.sizes = {}
+
+    def _sample_size(self, server_round: int) -> int:
+        """K, the round's number of clients (FedMR: see its class)."""
+        return self.clients_per_round
+
+    def _select(self, server_round: int) -> list[int]:
+        """The round's clients, as the engine picks them (Simulation.begin_round)."""
+        size = self._sample_size(server_round)
+        n = len(self.nodes)
+        known = [self.sizes[c] for c in range(n) if c in self.sizes]
+        fallback = sum(known) / len(known) if known else 1.0
+        sizes = [self.sizes.get(c, fallback) for c in range(n)]
+        clients = self.strategy.select_clients(
+            server_round, sizes, size, torch_generator(self.seed, "sample", server_round))
+        if clients is None:
+            clients = sample_clients(SimpleNamespace(seed=self.seed, num_clients=n,
+                                                     clients_per_round=size), server_round)
+        return clients
+
+    # ---- Flower's hooks -------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        """The method's clients, each with its own start model (one message per node)."""
+        if self.fraction_train == 0.0:
+            return []
+        if server_round == 1 or self.strategy is None:
+            self._begin(arrays, grid)
+        clients = self._select(server_round)
+        starts = self.strategy.dispatch(server_round, clients)
+        log.info("configure_train: %s sent %d models to %d of %d nodes", type(self).__name__,
+                 len({id(s) for s in starts}), len(clients), len(self.nodes))
+        records: dict[int, ArrayRecord] = {}  # one record per distinct start model
+        messages = []
+        for client, start in zip(clients, starts, strict=True):
+            if id(start) not in records:
+                records[id(start)] = state_record(start)
+            settings = ConfigRecord(dict(config))
+            settings["server-round"] = server_round
+            content = RecordDict({self.arrayrecord_key: records[id(start)],
+                                  self.configrecord_key: settings})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN,
+                                    dst_node_id=self.nodes[client]))
+        self._sent = (server_round, {self.nodes[c]: c for c in clients})
+        return messages
+
+    def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None,
+                                                                      MetricRecord | None]:
+        """The replies, in client order, through the method's ``aggregate``."""
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if self._sent is None or self._sent[0] != server_round:
+            return None, None
+        client_of = self._sent[1]
+        self._sent = None
+        results = []
+        names = list(self.strategy.global_state)
+        for reply in valid:
+            node = reply.metadata.src_node_id
+            if node not in client_of:
+                log.warning("aggregate_train: a reply from node %d, which was not sent a "
+                            "model this round, is left out", node)
+                continue
+            client = client_of[node]
+            state = record_state(next(iter(reply.content.array_records.values())))
+            if list(state) != names:
+                raise ValueError(f"round {server_round}: node {node} replied with arrays "
+                                 f"{list(state)[:4]}..., not the model's {names[:4]}...; a "
+                                 "ClientApp must return the whole model it was sent")
+            metrics = next(iter(reply.content.metric_records.values()))
+            weight = float(metrics[self.weighted_by_key])
+            self.sizes[client] = weight
+            loss = float(metrics.get("train_loss", math.nan))
+            results.append(ClientResult(client, state, weight, loss, {}))
+        if not results:
+            return None, None
+        results.sort(key=lambda r: r.client)  # the engine's order: a sum's order decides bits
+        state = self.strategy.aggregate(server_round, results)
+        metrics = self.train_metrics_aggr_fn([r.content for r in valid
+                                              if r.metadata.src_node_id in client_of],
+                                             self.weighted_by_key)
+        for name, value in self.strategy.round_metrics(None).items():
+            metrics[name] = float(value)
+        return state_record(state), metrics
+
+    def summary(self) -> None:
+        """FedAvg's summary, after the method and its settings."""
+        shown = ", ".join(f"{self._argument(k)}={v!r}" for k, v in self.settings.items())
+        log.info("\t├──> %s (flnotes): %s, seed=%d, weighting=%s", type(self).__name__, shown,
+                 self.seed, self.weighting or "the method's default")
+        super().summary()
+
+    def _argument(self, setting: str) -> str:
+        return {v: k for k, v in self.renamed.items()}.get(setting, setting)
+
+
+class FedMut(DropInStrategy):
+    """FedMut (Hu et al., AAAI 2024): each sampled client trains from its own mutant
+    w + alpha v g of the global model (g: the last global update; balanced signs
+    v in {1, -1 + beta_t}, beta_t from beta0 to 0 over beta_rounds). Round 1 sends the
+    initial model to all; aggregation is the uniform mean (``weighting``)."""
+
+    method = "fedmut"
+
+    def __init__(self, *, alpha: float = _default("fedmut", "alpha"),
+                 beta0: float = _default("fedmut", "beta0"),
+                 beta_rounds: int = _default("fedmut", "beta_rounds"),
+                 mutation: str = _default("fedmut", "mutation"), seed: int = 0,
+                 weighting: str | None = None, **fedavg: Any) -> None:
+        super().__init__(dict(alpha=alpha, beta0=beta0, beta_rounds=beta_rounds,
+                              mutation=mutation), seed=seed, weighting=weighting, **fedavg)
+
+
+class FedQP(DropInStrategy):
+    """FedQP (Weng et al., SEKE 2024): FedMut's mutants, each layer's mutation projected
+    with probability ``qp_prob`` onto the half-space that agrees with g."""
+
+    method = "fedqp"
+
+    def __init__(self, *, alpha: float = _default("fedqp", "alpha"),
+                 qp_prob: float = _default("fedqp", "qp_prob"),
+                 beta0: float = _default("fedqp", "beta0"),
+                 beta_rounds: int = _default("fedqp", "beta_rounds"),
+                 mutation: str = _default("fedqp", "mutation"), seed: int = 0,
+                 weighting: str | None = None, **fedavg: Any) -> None:
+        super().__init__(dict(alpha=alpha, qp_prob=qp_prob, beta0=beta0,
+                              beta_rounds=beta_rounds, mutation=mutation),
+                         seed=seed, weighting=weighting, **fedavg)
+
+
+class FedMR(DropInStrategy):
+    """FedMR (Hu et al., KDD 2024): the last round's local models, every layer (or every
+    one of ``segments`` groups of layers) shuffled across them, one recombined model per
+    client; the reported global model is their mean. ``stage1_rounds`` rounds of plain
+    FedAvg first."""
+
+    method = "fedmr"
+
+    def __init__(self, *, stage1_rounds: int = _default("fedmr", "stage1_rounds"),
+                 segments: int = _default("fedmr", "segments"), seed: int = 0,
+                 weighting: str | None = None, **fedavg: Any) -> None:
+        super().__init__(dict(stage1_rounds=stage1_rounds, segments=segments),
+                         seed=seed, weighting=weighting, **fedavg)
+
+    def _sample_size(self, server_round: int) -> int:
+        """K; after a failed reply, as many clients as there are models to recombine."""
+        kept = len(self.strategy.local_states)
+        if self.strategy.recombining(server_round) and kept < self.clients_per_round:
+            return kept
+        return self.clients_per_round
+
+
+class FedExP(DropInStrategy):
+    """FedExP (Jhunjhunwala et al., ICLR 2023): the server moves eta_g times the mean update,
+    eta_g = max(1, sum p_i |D_i|^2 / (2 (|mean D|^2 + eps))); clients train from that
+    iterate, the returned global model is the mean of the last two (``average``)."""
+
+    method = "fedexp"
+    renamed = {"eps": "fedexp_eps", "eps_per_client": "fedexp_eps_per_client",
+               "average": "fedexp_average"}
+
+    def __init__(self, *, eps: float = _default("fedexp", "fedexp_eps"),
+                 eps_per_client: bool = _default("fedexp", "fedexp_eps_per_client"),
+                 average: bool = _default("fedexp", "fedexp_average"), seed: int = 0,
+                 weighting: str | None = None, **fedavg: Any) -> None:
+        super().__init__(dict(fedexp_eps=eps, fedexp_eps_per_client=eps_per_client,
+                              fedexp_average=average), seed=seed, weighting=weighting,
+                         **fedavg)
+
+
+class CluSamp(DropInStrategy):
+    """Clustered sampling (Fraboni et al., ICML 2021, Alg. 2): clients clustered by their
+    last updates (``distance``: cosine, l1 or l2; Ward tree), one client drawn from each of
+    K distributions; the new global model is the mean of the draws."""
+
+    method = "clusamp"
+    renamed = {"distance": "clusamp_distance", "sketch": "clusamp_sketch"}
+
+    def __init__(self, *, distance: str = _default("clusamp", "clusamp_distance"),
+                 sketch: int = _default("clusamp", "clusamp_sketch"), seed: int = 0,
+                 weighting: str | None = None, **fedavg: Any) -> None:
+        super().__init__(dict(clusamp_distance=distance, clusamp_sketch=sketch),
+                         seed=seed, weighting=weighting, **fedavg)
+
+
+DROP_INS = {cls.method: cls for cls in (FedMut, FedQP, FedMR, FedExP, CluSamp)}
+
+__all__ = ["DROP_INS", "CluSamp", "DropInStrategy", "FedExP", "FedMR", "FedMut", "FedQP"]
