@@ -134,6 +134,21 @@ def shrink_figures(outputs: list) -> list:
     return outputs
 
 
+def kernel_metadata(stored, executed=None, kernel_name: str = "python3") -> None:
+    """The kernel's metadata as JupyterLab writes it when the kernel starts: its spec's
+    display name and the full language_info. Stored otherwise ("Python 3" for the spec's
+    "Python 3 (ipykernel)", a language_info of its name only), a notebook was marked unsaved
+    the moment it opened. No widget state is kept."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    stored.metadata["kernelspec"] = {"display_name": spec.display_name,
+                                     "language": spec.language, "name": kernel_name}
+    if executed is not None and "language_info" in executed.metadata:
+        stored.metadata["language_info"] = executed.metadata["language_info"]
+    stored.metadata.pop("widgets", None)
+
+
 def refresh(path: Path, timeout: int = 1800) -> int:
     """Re-run one notebook and store its outputs (all, or the checked cells' only); returns
     how many checked cells' outputs changed."""
@@ -158,11 +173,7 @@ def refresh(path: Path, timeout: int = 1800) -> int:
             outputs = shrink_figures(outputs)
         changed += checked(old) and old.outputs != outputs
         old.outputs, old.execution_count = outputs, count
-    # The kernel's full language_info, as JupyterLab writes it when a kernel starts: stored
-    # without it, a notebook was marked unsaved the moment it opened.
-    stored.metadata["language_info"] = executed.metadata.get(
-        "language_info", stored.metadata.get("language_info", {}))
-    stored.metadata.pop("widgets", None)
+    kernel_metadata(stored, executed)
     # nbformat's own layout plus the final newline the committed files have.
     path.write_text(nbformat.writes(stored) + "\n", encoding="utf-8")
     return changed

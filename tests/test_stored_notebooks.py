@@ -92,6 +92,10 @@ def test_no_widget_view_is_stored_and_the_kernel_metadata_is_whole(name):
                 f"{name} cell {index}"
     info = notebook["metadata"]["language_info"]
     assert {"name", "version", "mimetype", "file_extension"} <= set(info), name
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(notebook["metadata"]["kernelspec"]["name"])
+    assert notebook["metadata"]["kernelspec"]["display_name"] == spec.display_name, name
 
 
 @pytest.mark.parametrize("name", [n for n in SHIPPED if n != "21_flatness"])
