@@ -167,7 +167,9 @@ def test_ctrl_c_stops_the_cells_keeps_what_finished_and_a_rerun_completes(tmp_pa
         assert summary == {1: "skipped (done)", 2: "completed", 3: "completed"}
         assert set(cells.values()) == {"completed"}
         assert [len((d / "pids.txt").read_text().splitlines()) for d in _cells(out, 1)] == [1]
-        assert not any(_alive(p) for p in _pids(out))
+        # the cluster ends a finished sweep's workers a moment after it exits
+        _wait_for(lambda: not any(_alive(p) for p in _pids(out)), "the workers of the "
+                  "finished sweep to end", limit=10)
     finally:
         for proc in procs:  # never leave a sweep (or the Ray instance it started) behind
             if proc.poll() is None:
