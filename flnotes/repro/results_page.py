@@ -153,6 +153,38 @@ def progress(runs: list[Run]) -> str:
             "planned. Every ordering below is at the rounds it names, not at convergence.")
 
 
+def convergence(groups: dict[tuple, dict[str, list[Run]]], window: int = 50) -> list[str]:
+    """How far from converged: per setting and method, the mean accuracy of the last
+    ``window`` rounds' evaluations against the ``window`` before them (seeds pooled), and the
+    spread of the last window (evaluation to evaluation noise)."""
+    out = []
+    for setting, by_method in groups.items():
+        parts = []
+        for method, method_runs in by_method.items():
+            last, before, spread = [], [], []
+            for run in method_runs:
+                rounds, accuracy = _accuracy(run)
+                if len(rounds) == 0:
+                    continue
+                end = rounds.max()
+                if end < 2 * window:
+                    continue
+                tail = accuracy[rounds > end - window]
+                last.extend(tail)
+                before.extend(accuracy[(rounds > end - 2 * window) & (rounds <= end - window)])
+                spread.append(float(tail.max() - tail.min()))
+            if last and before:
+                change = float(np.mean(last) - np.mean(before))  # already percent
+                parts.append(f"{method} {change:+.1f} points (its last {window} rounds range "
+                             f"over {max(spread):.1f})")
+        if parts:
+            out.append(f"- {', '.join(setting)}: mean accuracy of the last {window} rounds "
+                       f"against the {window} before: {'; '.join(parts)}. A method still "
+                       "gaining points per 50 rounds has not converged, and single evaluations "
+                       "swing by the range given, so one round's ordering is weak evidence.")
+    return out
+
+
 def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """One panel per setting: mean accuracy over seeds per method, band lowest-highest."""
     import matplotlib
@@ -308,11 +340,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "",
         progress(runs),
         *(readings or ["- no FedMut or FedQP run beside a FedAvg run yet."]),
-        "",
-        "Our reading (to be written by hand once the sweep has finished: how far from "
-        "convergence the runs are, and what the orderings above do and do not show):",
-        "",
-        "<!-- reading: TODO -->",
+        *convergence(groups),
         "",
     ]
     return "\n".join(lines)
