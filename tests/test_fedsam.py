@@ -261,3 +261,19 @@ def test_swa_is_refused_for_other_methods_and_bad_values():
     for field, value in [("swa_start", 0), ("swa_cycle", 0), ("swa_lr", 0.0), ("swa", "yes")]:
         with pytest.raises(ValueError, match=field):
             RunConfig(algorithm="fedsam", **{field: value})
+
+
+def test_swa_settings_that_do_nothing_are_said_before_the_run(capsys):
+    """issue 25: --swa-start beyond --rounds (or SWA settings with swa off) do nothing: the
+    command line says so in one line before the run, and the run still goes."""
+    from flnotes.cli.main import main
+
+    small = ["--num-clients", "4", "--clients-per-round", "2", "--rounds", "2", "--data-option",
+             "num_train=400", "--data-option", "num_test=100", "--device", "cpu"]
+    assert main(["run", "--algorithm", "fedsam", "--swa", "true", "--swa-start", "5",
+                 *small]) == 0
+    out = capsys.readouterr()
+    assert "swa_start=5 is after the last round" in out.out + out.err
+    assert main(["run", "--algorithm", "fedsam", "--swa-start", "2", *small]) == 0
+    out = capsys.readouterr()
+    assert "swa is off" in out.out + out.err

@@ -152,6 +152,19 @@ class FedSAM(Strategy):
     )
     default_weighting = "samples"
     adaptive = False
+
+    @classmethod
+    def config_warnings(cls, config) -> list[str]:
+        """SWA settings that do nothing in this run: swa off, or a start after the last round."""
+        lines = []
+        if not config.swa and (config.swa_start is not None or config.swa_cycle != 1):
+            lines.append("warning: swa_start/swa_cycle are set but swa is off: no averaging "
+                         "happens (add --swa true)")
+        elif config.swa and config.swa_start is not None and config.swa_start > config.rounds:
+            lines.append(f"warning: swa_start={config.swa_start} is after the last round "
+                         f"(rounds={config.rounds}): this run never averages (lower "
+                         "--swa-start or raise --rounds)")
+        return lines
     default_rho = 0.05  # SAM's default (Foret et al. 2021)
 
     def __init__(self, config, global_state) -> None:
