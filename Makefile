@@ -2,17 +2,22 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install demo test lint
+.PHONY: install install-test demo test lint
 
+# The demo needs flnotes alone; the tests add their extra (pytest, ruff, Ray, Flower, ...).
+# No Jupyter kernel is installed: notebooks run in a kernel of this interpreter that flnotes
+# makes for itself (flnotes/repro/kernel.py), never over the user's own "python3".
 install:
+	$(PIP_INSTALL) -e .
+
+install-test:
 	$(PIP_INSTALL) -e '.[test]'
-	$(PYTHON) -m ipykernel install --user --name python3 >/dev/null
 
 demo: install
 	$(PYTHON) -m flnotes demo --out out/demo
 
 # pytest exits with 5 when it collected no tests: that is a failure here, not a pass.
-test: install
+test: install-test
 	$(PYTHON) -m ruff check flnotes tests
 	$(PYTHON) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg \
 	  -p no:cacheprovider; rc=$$?; \

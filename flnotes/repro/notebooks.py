@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flnotes.repro import REPO_ROOT
+from flnotes.repro.kernel import current_kernel
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
@@ -50,7 +51,7 @@ def run_teaching_notebooks(out: Path, parameters: dict | None = None) -> list[Pa
         target = out / nb.name
         print(f"== notebook {nb.name} -> {target}")
         pm.execute_notebook(str(nb), str(target), parameters=parameters or {},
-                            cwd=str(out), progress_bar=False, kernel_name="python3",
+                            cwd=str(out), progress_bar=False, kernel_name=current_kernel(),
                             kernel_manager_class=quiet_kernel_manager())
         done.append(target)
     return done

@@ -32,6 +32,7 @@ import yaml
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import Cell, Grid, GridError, load_grid
+from flnotes.repro.kernel import current_kernel
 from flnotes.repro.notebooks import quiet_kernel_manager
 
 # ---------------------------------------------------------------- execution
@@ -138,7 +139,7 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
         with _environment(PYTHONPATH=path):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
                                 cwd=str(folder), progress_bar=False, log_output=False,
-                                kernel_name="python3",
+                                kernel_name=current_kernel(),
                                 kernel_manager_class=quiet_kernel_manager())
         record["status"] = "completed"
     except KeyboardInterrupt:  # Ctrl-C, or the sweep stopping its workers
@@ -226,7 +227,9 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
             check_reachable(address)  # a dead head: one line at once, not Ray's retries
     from tqdm.auto import tqdm
 
-    out = Path(out_dir or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}")
+    # Absolute before anything runs: papermill runs each cell in its own folder, where a
+    # relative path would nest the run folders again (runs/sweeps/X/cells/ID/runs/sweeps/...).
+    out = Path(out_dir or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}").resolve()
     if out.exists() and not out.is_dir():
         raise ValueError(f"sweep output {out} is a file, not a folder; choose another --out")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,49 @@
+"""Issue 24: notebooks run in a kernel of this interpreter (never the user's "python3", never
+an installed kernelspec), and a sweep's default (relative) output folder nests once."""
+
+import json
+import sys
+from pathlib import Path
+
+from helpers import write_grid, write_notebook
+
+from flnotes.repro import sweep
+from flnotes.repro.grid import load_grid
+from flnotes.repro.kernel import KERNEL_NAME, current_kernel
+
+BODY = """
+import sys
+from pathlib import Path
+out = Path(output_dir)
+(out / "runs" / "r").mkdir(parents=True, exist_ok=True)
+(out / "runs" / "r" / "python.txt").write_text(sys.executable)
+"""
+
+
+def test_the_kernel_is_this_interpreter_whatever_the_users_python3(tmp_path, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    # A user kernel named python3 pointing at another Python: never used, never overwritten.
+    user = tmp_path / "home" / "kernels" / "python3"
+    user.mkdir(parents=True)
+    theirs = {"argv": ["/usr/bin/not-this-python", "-m", "ipykernel_launcher", "-f",
+                       "{connection_file}"], "display_name": "theirs", "language": "python"}
+    (user / "kernel.json").write_text(json.dumps(theirs))
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "home"))
+    current_kernel.cache_clear()
+    name = current_kernel()
+    spec = KernelSpecManager().get_kernel_spec(name)
+    assert name == KERNEL_NAME and spec.argv[0] == sys.executable
+    assert json.loads((user / "kernel.json").read_text()) == theirs
+
+
+def test_a_sweep_with_the_default_out_nests_its_run_folders_once(tmp_path, monkeypatch):
+    notebook = write_notebook(tmp_path, BODY)
+    grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [1]},
+                                           "seeds": [0]}))
+    monkeypatch.chdir(tmp_path)
+    sweep.run_sweep(grid, None, progress=False)  # the default: runs/sweeps/<name>-<variant>
+    found = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("python.txt"))
+    assert len(found) == 1 and found[0].parts[:3] == ("runs", "sweeps", f"{grid.name}-paper")
+    assert found[0].parts.count("runs") == 2  # runs/sweeps/.../cells/ID/runs/r: one nesting
+    assert (tmp_path / found[0]).read_text() == sys.executable
