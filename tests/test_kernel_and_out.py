@@ -3,7 +3,6 @@ an installed kernelspec), and a sweep's default (relative) output folder nests o
 
 import json
 import sys
-from pathlib import Path
 
 from helpers import write_grid, write_notebook
 
