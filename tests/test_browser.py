@@ -419,6 +419,8 @@ class Mover:
 
     def move(self, cell, kind: str, label: str, row, option: str | None = None,
              typed: str | None = None) -> None:
+        if typed is not None:
+            return self.move_to(cell, kind, label, row, typed)
         cell.scroll_into_view_if_needed()
         before, value = cell.evaluate(FIGURE), _state(kind, row)
         assert before, f"{self.name}: the explorer with {label!r} shows no figure image"
@@ -458,6 +460,29 @@ class Mover:
             differ = _differing_pixels(shown, self.kernel.fresh_png(self.explorer))
             assert 0 <= differ <= 20, (f"{what}: the image shown differs from a fresh draw "
                                        f"of the same setting in {differ} pixels")
+
+    def move_to(self, cell, kind: str, label: str, row, typed: str) -> None:
+        """Type a value into a slider's readout. The picture need not change (16 mutants
+        may sit on the corners that 10 already showed), but once the kernel is done it must
+        be a fresh full draw of the new setting, with no error on the way."""
+        cell.scroll_into_view_if_needed()
+        value = _state(kind, row)
+        self.kernel.drain()
+        tic = time.monotonic()
+        _type_value(row, self.page, typed)
+        what = f"{self.name}: {kind} {label!r} from {value} to {_state(kind, row)} (typed)"
+        assert _state(kind, row) != value, f"{what}: the control did not move"
+        time.sleep(1.0)  # the change reaches the kernel before the kernel is asked if idle
+        self._settle(cell)
+        errors = self.kernel.drain()
+        assert not errors, f"{what}: the kernel raised:\n{errors[0]}"
+        assert self.page.get_by_text("Error displaying widget").count() == 0, \
+            f"{what}: a widget failed to render"
+        self.times.append((f"{label} = {_state(kind, row)}", time.monotonic() - tic))
+        shown = _png_of(cell.evaluate(FIGURE).split("|")[0])
+        differ = _differing_pixels(shown, self.kernel.fresh_png(self.explorer))
+        assert 0 <= differ <= 20, (f"{what}: the image shown differs from a fresh draw of "
+                                   f"the same setting in {differ} pixels")
 
     def extremes(self, cell) -> None:
         """Every enabled slider to both ends and to a typed value, every dropdown to its
