@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import flnotes.data
 from flnotes.algorithms import algorithm_class
-from flnotes.data import load_dataset
 from flnotes.data.multitask import (
     MultitaskData,
     check_task_parts,
@@ -258,8 +258,10 @@ def load_task_data(config):
 
     names = task_parts(config.dataset)
     if names is None:
-        return load_dataset(config.dataset, data_dir=config.data_dir, download=config.download,
-                            seed=config.seed, **config.data_options)
+        # through the package, so a test (or a user) may replace flnotes.data.load_dataset
+        return flnotes.data.load_dataset(config.dataset, data_dir=config.data_dir,
+                                         download=config.download, seed=config.seed,
+                                         **config.data_options)
     data_dir = (Path(config.data_dir).expanduser() if config.data_dir is not None
                 else default_data_dir())
     return load_multitask(names, DATASETS, data_dir, config.download, config.seed,

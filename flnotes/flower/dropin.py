@@ -102,8 +102,8 @@ class DropInStrategy(FedAvg):
         known = inspect.signature(FedAvg.__init__).parameters
         for name in fedavg:
             if name not in known:
-                own = [p for p in inspect.signature(type(self).__init__).parameters
-                       if p not in ("self", "fedavg")]
+                own = [p.name for p in inspect.signature(type(self).__init__).parameters.values()
+                       if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
                 raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}"
                                 f"{did_you_mean(name, own + list(known)[1:])}")
         super().__init__(**fedavg)
