@@ -26,9 +26,13 @@ def current_kernel() -> str:
     folder = Path(tempfile.mkdtemp(prefix="flnotes-jupyter-"))
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
+    # As ipykernel's own spec: its metadata lets the kernel manager use CurveZMQ (without it
+    # every kernel warns that it runs over TCP without encryption).
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"flnotes ({Path(sys.executable).name})", "language": "python",
+        "metadata": {"debugger": True, "supported_encryption": ["curve"]},
+        "kernel_protocol_version": "5.5",
     }))
     paths = [str(folder), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
     os.environ["JUPYTER_PATH"] = os.pathsep.join(paths)
