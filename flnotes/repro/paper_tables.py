@@ -4,6 +4,7 @@ one of their cells: dataset, model, heterogeneity and method, as the papers prin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -22,44 +23,26 @@ MODEL_LABELS = {"cnn": "CNN", "resnet18": "ResNet-18", "resnet18-gn": "ResNet18"
                 "mlp": "MLP", "lenet5": "LeNet5", "femnist-cnn": "CNN"}
 
 
-class _MethodLabels(dict):
-    """Registry name -> the method's name in the papers' tables (``Strategy.label``), read
-    from the registry when first asked, so a method registered later has its label too."""
+class _MethodLabels(Mapping):
+    """Registry name -> the method's name in the papers' tables (``Strategy.label``), read from
+    the registry on each lookup, so a method registered later has its label too."""
 
-    def _fill(self) -> None:
+    def __getitem__(self, name: str) -> str:
         from flnotes.algorithms import algorithm_class, algorithm_names
 
-        for name in algorithm_names():
-            if name not in dict.keys(self):
-                dict.__setitem__(self, name, algorithm_class(name).label or name)
-
-    def __getitem__(self, name):
-        self._fill()
-        return dict.__getitem__(self, name)
-
-    def get(self, name, default=None):
-        self._fill()
-        return dict.get(self, name, default)
-
-    def __contains__(self, name) -> bool:
-        self._fill()
-        return dict.__contains__(self, name)
-
-    def items(self):
-        self._fill()
-        return dict.items(self)
-
-    def values(self):
-        self._fill()
-        return dict.values(self)
-
-    def keys(self):
-        self._fill()
-        return dict.keys(self)
+        if name not in algorithm_names():
+            raise KeyError(name)
+        return algorithm_class(name).label or name
 
     def __iter__(self):
-        self._fill()
-        return dict.__iter__(self)
+        from flnotes.algorithms import algorithm_names
+
+        return iter(algorithm_names())
+
+    def __len__(self) -> int:
+        from flnotes.algorithms import algorithm_names
+
+        return len(algorithm_names())
 
 
 METHOD_LABELS = _MethodLabels()
