@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from flnotes.repro import REPO_ROOT
+from flnotes.repro import PACKAGE_DIR
 
 GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seeds", "smoke",
              "description", "stack_seeds"}
@@ -125,9 +125,11 @@ def read_yaml(text: str) -> Any:
 
 
 def find_notebook(name: str, grid_path: Path) -> Path | None:
-    """The notebook path: as given, or relative to the grid file, the cwd or the repo root."""
+    """The notebook path: as given, or relative to the grid file, the cwd or the package
+    (where ``notebooks/`` ships: a grid's ``notebook: notebooks/10_reproduce_cifar.ipynb``
+    finds it in a clone and in an installed wheel alike)."""
     candidates = [Path(name)] if Path(name).is_absolute() else [
-        grid_path.parent / name, Path.cwd() / name, REPO_ROOT / name]
+        grid_path.parent / name, Path.cwd() / name, PACKAGE_DIR / name]
     return next((c.resolve() for c in candidates if c.is_file()), None)
 
 
@@ -186,7 +188,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
         problems.append("no 'notebook' given")
     elif notebook is None:
         problems.append(f"notebook {spec['notebook']!r} not found (looked beside the grid, in "
-                        f"the current folder and in {REPO_ROOT})")
+                        f"the current folder and in {PACKAGE_DIR})")
     table = spec.get("paper_table")
     if table is not None:
         from flnotes.repro.paper_tables import paper_table_names

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flnotes.repro import REPO_ROOT
+from flnotes.repro import NOTEBOOK_DIR
 from flnotes.repro.kernel import current_kernel
-
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
 def quiet_kernel_manager():

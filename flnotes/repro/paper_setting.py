@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from flnotes.repro import REPO_ROOT
+from flnotes.repro import SWEEP_DIR
 from flnotes.repro.grid import load_grid
 from flnotes.repro.paper_tables import KEY, run_labels
 
-SWEEP_DIR = REPO_ROOT / "sweeps"
 # Fields every method's result depends on; algorithm_fields adds those one method reads, so
 # a FedAvg run is not flagged for an unused FedMut alpha.
 SETTING_FIELDS = ("dataset", "model", "partition", "rounds", "num_clients", "clients_per_round",

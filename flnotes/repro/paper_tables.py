@@ -11,9 +11,8 @@ import numpy as np
 import pandas as pd
 
 from flnotes.messages import did_you_mean
-from flnotes.repro import REPO_ROOT
+from flnotes.repro import PAPER_TABLE_DIR
 
-PAPER_TABLE_DIR = REPO_ROOT / "data" / "paper_tables"
 KEY = ["dataset", "model", "heterogeneity", "method"]
 
 DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "shakespeare": "Shakespeare",

@@ -217,7 +217,7 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
 def _shown(path: Path) -> str:
     """A path as the page shows it: relative to the repository when inside it."""
     try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
+        return str(Path(path).resolve().relative_to(REPO_ROOT or Path.cwd()))
     except ValueError:
         return str(path)
 

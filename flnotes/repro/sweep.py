@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from flnotes.repro import REPO_ROOT
+from flnotes.repro import PACKAGE_DIR
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import Cell, Grid, GridError, load_grid
 from flnotes.repro.kernel import current_kernel
@@ -133,8 +133,9 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write_json(folder / "cell.json", record)
     tic = time.perf_counter()
-    # The kernel must import this same flnotes, installed or not.
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    # The kernel must import this same flnotes, installed or not (its parent folder first).
+    path = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH"))
+                           if p)
     try:
         with _environment(PYTHONPATH=path):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
