@@ -1,0 +1,88 @@
+"""Notebook 22 (every paper figure from stored results): stored whole, one figure per
+registered figure plus the CIFAR-10 evidence, every figure's results committed under
+results/paper-figures-smoke, and one plain sentence per figure where no results/ folder is
+found (an installed wheel, a copied notebook)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from flnotes.repro import figures
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "flnotes" / "notebooks" / "22_paper_figures.ipynb"
+SMOKE = REPO / "results" / "paper-figures-smoke"
+
+
+def _code_cells() -> list[dict]:
+    return [c for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def _pngs(cell: dict) -> int:
+    return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
+
+
+def test_stored_whole_by_the_rules_of_the_teaching_notebooks():
+    import test_stored_notebooks as stored
+
+    name = NOTEBOOK.stem
+    stored.test_teaching_notebook_is_stored_whole_with_its_figures(name)
+    stored.test_no_widget_view_is_stored_and_the_kernel_metadata_is_whole(name)
+
+
+def test_one_stored_figure_per_registered_figure_and_the_evidence_curves():
+    code = _code_cells()
+    evidence = [c for c in code if "results_page.curves_figure" in "".join(c["source"])]
+    assert len(evidence) == 1 and _pngs(evidence[0]) == 1
+    drawn = sum(_pngs(c) for c in code) - 1
+    assert drawn == len(figures.FIGURES)
+    shown = "".join(t for c in code for o in c["outputs"] if o["output_type"] == "stream"
+                    for t in o["text"])
+    assert f"{len(figures.FIGURES)} of {len(figures.FIGURES)} figures shown" in shown
+    for name in figures.FIGURES:
+        assert f"--figure {name}\n" in shown, name  # its paper-scale command
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+def test_every_figure_draws_from_the_committed_smoke_results(name):
+    """benchmarks/paper_figures_results.py has been run for every registered figure (a new
+    figure needs it run again, and its results committed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = figures.FIGURES[name]
+    folder = SMOKE / Path(figure.grid.split()[0]).stem
+    assert folder.is_dir(), f"{name}: run python benchmarks/paper_figures_results.py"
+    fig, caption = figures.draw(figure, figures.load_runs(folder))
+    plt.close(fig)
+    assert any(line.startswith("Ours: ") for line in caption)
+
+
+def test_without_a_results_folder_each_figure_says_how_to_make_its_results(tmp_path,
+                                                                             monkeypatch):
+    """The notebook's cells run from a folder with no results/ above it: no figure, no error,
+    one sentence per figure naming the commands."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for cell in _code_cells():
+            source = "".join(cell["source"])
+            if "NBVAL_CHECK_OUTPUT" in source:  # the registry's table of runs found
+                continue
+            exec(compile(source, str(NOTEBOOK), "exec"), namespace)
+    lines = out.getvalue().splitlines()
+    assert namespace["root"] is None
+    for name in figures.FIGURES:
+        said = [line for line in lines if line.startswith(f"{name}: no stored results found")]
+        assert len(said) == 1, name
+        assert "python benchmarks/paper_figures_results.py" in said[0]
+        assert f"--figure {name}`" in said[0]
+    assert any(line.startswith("No results/cifar10-lenet folder found") for line in lines)
