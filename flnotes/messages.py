@@ -1,8 +1,19 @@
-"""Helpers for one-line error messages, shared by every layer (this module imports nothing)."""
+"""Helpers for what the commands print (one-line errors, progress bars only on a terminal),
+shared by every layer (this module imports nothing of flnotes)."""
 
 from __future__ import annotations
 
 import difflib
+import sys
+
+
+def on_terminal() -> bool:
+    """True when stderr (where progress bars go) is a terminal: bars only there, since a
+    redirected log would fill with their \\r-redrawn lines."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
 
 
 def did_you_mean(name: str, known) -> str:

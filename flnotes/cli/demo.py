@@ -6,10 +6,16 @@ from pathlib import Path
 
 from flnotes.config import RunConfig
 
+# --quick: a few rounds and the first notebook only (a check that an install works).
+QUICK_ROUNDS = 3
+QUICK_NOTEBOOK_PARAMETERS = {"rounds": 5}
 
-def main_job(out: Path, skip_notebooks: bool = False) -> int:
-    """Run the demo preset with FedAvg and FedMut, print accuracies, save a PNG."""
+
+def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> int:
+    """Run the demo preset with FedAvg and FedMut, print accuracies, save a PNG, then run
+    the teaching notebooks headless (``quick``: 3 rounds and notebook 00 alone)."""
     from flnotes.engine.sim import run
+    from flnotes.messages import on_terminal
     from flnotes.plots import plot_learning_curves
 
     out.mkdir(parents=True, exist_ok=True)
@@ -17,9 +23,11 @@ def main_job(out: Path, skip_notebooks: bool = False) -> int:
     for algorithm in ("fedavg", "fedmut"):
         config = RunConfig.from_preset("demo", algorithm=algorithm,
                                        run_dir=str(out / "runs" / algorithm))
+        if quick:
+            config = config.replace(rounds=QUICK_ROUNDS)
         print(f"== {algorithm}: {config.num_clients} clients, {config.clients_per_round} "
               f"per round, {config.rounds} rounds on {config.dataset}")
-        history = run(config)
+        history = run(config, progress=on_terminal())  # no bar redrawn into a log
         for row in history.rows:
             if "accuracy" in row:
                 print(f"  round {row['round']:3d}  accuracy {row['accuracy']:.4f}")
@@ -32,5 +40,9 @@ def main_job(out: Path, skip_notebooks: bool = False) -> int:
         from flnotes.repro.notebooks import run_teaching_notebooks
 
         # save_figures: each notebook writes its key figures as PNGs next to its copy.
-        run_teaching_notebooks(out / "notebooks", {"save_figures": True})
+        if quick:
+            run_teaching_notebooks(out / "notebooks", {"save_figures": True,
+                                                       **QUICK_NOTEBOOK_PARAMETERS}, first=1)
+        else:
+            run_teaching_notebooks(out / "notebooks", {"save_figures": True})
     return 0

@@ -36,8 +36,9 @@ from flnotes.messages import did_you_mean
 
 DESCRIPTION = """\
 Federated-learning methods to run, study and compare with their papers. Commands: run
-(train one configuration), demo (the quick-start job), presets (the papers' settings), sweep
-(a YAML grid of notebook runs), tables (the papers' tables with our results beside them),
+(train one configuration), demo (the quick-start job), notebooks (copy the notebook series
+into a folder), presets (the papers' settings), sweep (a YAML grid of notebook runs; --list
+shows the grids that ship), tables (the papers' tables with our results beside them),
 figures (the papers' figures from a sweep's results) and results-page (results/README.md).
 `python -m flnotes COMMAND --help` lists a command's flags."""
 
@@ -297,7 +298,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The quick-start job: a small federated run on built-in defaults, with a plot."""
     from flnotes.cli.demo import main_job
 
-    return main_job(Path(args.out), skip_notebooks=args.skip_notebooks)
+    return main_job(Path(args.out), skip_notebooks=args.skip_notebooks, quick=args.quick)
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    """Copy the notebook series into a folder to open in Jupyter."""
+    from flnotes.repro.notebooks import copy_notebooks
+
+    dest = Path(args.dest)
+    copied = copy_notebooks(dest, force=args.force)
+    print(f"copied {len(copied)} files into {dest}; open them with: jupyter lab {dest}")
+    return 0
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -359,7 +370,16 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                             help="the quick-start job: a small run and the toy notebooks")
     p_demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p_demo.add_argument("--skip-notebooks", action="store_true", help="only the small run")
+    p_demo.add_argument("--quick", action="store_true",
+                        help="3 rounds and the first notebook only (a check that an install "
+                        "works, in about half a minute)")
     p_demo.set_defaults(func=cmd_demo, command_parser=p_demo)
+    p_nb = sub.add_parser("notebooks", allow_abbrev=False,
+                          help="copy the notebook series into a folder to open in Jupyter")
+    p_nb.add_argument("dest", help="the folder to copy them into (made if missing)")
+    p_nb.add_argument("--force", action="store_true",
+                      help="replace notebooks already there (default: keep them)")
+    p_nb.set_defaults(func=cmd_notebooks, command_parser=p_nb)
     from flnotes.repro import sweep as sweep_cli
     from flnotes.repro import tables as tables_cli
 
@@ -432,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
     except OSError as err:  # a folder that cannot be written, a disk that is full, ...
         where = f": {err.filename}" if err.filename else ""
         print(f"error: {err.strerror or err}{where}", file=sys.stderr)

@@ -17,6 +17,7 @@ from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses
     exit_code,
     terminate_like_ctrl_c,
 )
+from flnotes.messages import on_terminal
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
@@ -65,7 +66,7 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
             tracker.log_round(row)
 
     try:
-        history = run(config, on_round=on_round, progress=progress)
+        history = run(config, on_round=on_round, progress=progress, track=False)
     except KeyboardInterrupt as stop:
         from flnotes.engine.sim import interruption_report
 
@@ -100,14 +101,6 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
         print("; ".join(tracker.where()))
     return 0 if history.status == "completed" else 1
 
-
-def on_terminal() -> bool:
-    """True when stderr (where progress bars go) is a terminal: bars only there, since a
-    redirected log would fill with their \\r-redrawn lines."""
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # replaced by an object without it, or closed
-        return False
 
 
 def _tracker(config: RunConfig, loggers: list[str] | None, logger_dir: str | None):
@@ -165,7 +158,7 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     for line in ignored_settings(config):
         print(line, file=sys.stderr)
     try:
-        histories = run_seeds(config, seeds, progress=on_terminal())
+        histories = run_seeds(config, seeds, progress=on_terminal(), track=False)
     except KeyboardInterrupt as stop:
         for seed in seeds:
             print(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}",

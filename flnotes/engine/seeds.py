@@ -54,11 +54,38 @@ def seed_configs(config, seeds: list[int]) -> list:
                            else f"{config.run_dir}/seed{seed}") for seed in seeds]
 
 
-def run_seeds(config, seeds: list[int], *, progress: bool = True) -> list[History]:
-    """Run ``config`` once per seed, the seeds' clients trained together; one History each."""
+def run_seeds(config, seeds: list[int], *, progress: bool = True,
+              track: bool = True) -> list[History]:
+    """Run ``config`` once per seed, the seeds' clients trained together; one History each.
+
+    ``track``: as :func:`flnotes.engine.sim.run` (``FLNOTES_LOGGERS``); a stacked run has no
+    per-round callback, so each seed's rounds reach the loggers when the seeds end.
+    """
     configs = seed_configs(config, seeds)
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
-        return [run(c, progress=progress) for c in configs]
+        return [run(c, progress=progress, track=track) for c in configs]
+    histories = _run_stacked(config, configs, progress)
+    for history in histories if track else ():
+        tracker = _environment_tracker_for(history)
+        if tracker:
+            tracker.backfill(history.rows)
+            tracker.close(history.status)
+    return histories
+
+
+def _environment_tracker_for(history: History):
+    """``FLNOTES_LOGGERS``'s tracker for a finished seed's folder (None: unset)."""
+    import os
+
+    from flnotes.engine.tracking import ENV_LOGGERS, environment_tracker
+
+    if not os.environ.get(ENV_LOGGERS) or history.run_dir is None:
+        return None
+    return environment_tracker(history.run_dir, history.config)
+
+
+def _run_stacked(config, configs: list, progress: bool) -> list[History]:
+    """The seeds' runs advanced round by round together (their clients in one stack)."""
     sims: list[Simulation] = []
     try:
         for c in configs:  # one at a time, so at most two copies of the data exist at once

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -335,7 +336,7 @@ class Simulation:
 
 
 def run(config, *, progress: bool = True, task=None,
-        on_round: Callable[[dict], None] | None = None) -> History:
+        on_round: Callable[[dict], None] | None = None, track: bool = True) -> History:
     """Run (or resume, or reload) a federated training and return its History.
 
     ``on_round(row)`` is called with each round's metrics as soon as the round ends (the
@@ -343,12 +344,28 @@ def run(config, *, progress: bool = True, task=None,
     ``progress``, a resumed run says so. Ctrl-C marks the run folder "interrupted" and
     re-raises the KeyboardInterrupt; running the config again resumes from the checkpoint.
     Any other error marks it "failed" (with the error) and is re-raised.
+
+    With ``track`` (the default), the environment's ``FLNOTES_LOGGERS`` (what ``sweep
+    --logger`` sets for its cells) copies each round to TensorBoard / MLflow as well; the
+    command line's ``run --logger`` keeps its own tracker and passes ``track=False``.
     """
     check_config(config)
     sim = Simulation(config, task=task)
+    tracker = _environment_tracker(sim) if track else None
+    if tracker:
+        def on_round(row, _given=on_round):
+            tracker.log_round(row)
+            if _given is not None:
+                _given(row)
+    status, reloaded = "failed", sim.finished
     try:
-        return _run_rounds(sim, progress, on_round)
+        history = _run_rounds(sim, progress, on_round)
+        status = history.status
+        if tracker and reloaded:
+            tracker.backfill(history.rows)  # a finished folder reloaded: its rounds, once
+        return history
     except KeyboardInterrupt:  # wherever it lands, before, in or after a round
+        status = "interrupted"
         if not sim.finished:
             sim.interrupt()
         raise
@@ -357,7 +374,18 @@ def run(config, *, progress: bool = True, task=None,
             sim.fail(err)
         raise
     finally:
+        if tracker:
+            tracker.close(status)
         sim.release()
+
+
+def _environment_tracker(sim: Simulation):
+    """The tracker ``FLNOTES_LOGGERS`` asks for (None: unset), for this run's folder."""
+    from flnotes.engine.tracking import ENV_LOGGERS, environment_tracker
+
+    if not os.environ.get(ENV_LOGGERS) or sim.run_dir is None:
+        return None
+    return environment_tracker(sim.run_dir, sim.config.resolved().to_dict())
 
 
 def ignored_settings(config) -> list[str]:

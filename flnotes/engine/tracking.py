@@ -244,14 +244,14 @@ class Tracker:
         check_installed(names)
         run_dir = Path(run_dir)
         base = Path(logger_dir) if logger_dir else run_dir
+        label = _run_label(run_dir, base) if logger_dir else ""
         self.loggers: list = []
         for name in names:
             if name == "tensorboard":
-                where = base / "tensorboard" / (run_dir.name if logger_dir else "")
-                self.loggers.append(TensorBoardLogger(where, settings))
+                self.loggers.append(TensorBoardLogger(base / "tensorboard" / label, settings))
             else:
                 self.loggers.append(MLflowLogger(base / "mlruns", settings, str(run_dir),
-                                                 run_dir.name))
+                                                 label or run_dir.name))
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -295,6 +295,29 @@ class Tracker:
             else:
                 out.append(f"mlflow: {logger.uri}")
         return out
+
+
+def _run_label(run_dir: Path, logger_dir: Path) -> str:
+    """A run's name in a shared store: its path below the store's folder when inside it (a
+    sweep's ``cells/<id>/runs/fedmut/seed0``: unique), else its folder's name."""
+    try:
+        return run_dir.resolve().relative_to(logger_dir.resolve()).as_posix()
+    except ValueError:
+        return run_dir.name
+
+
+# What ``sweep --logger`` sets for the kernels of its cells: every run made there logs.
+ENV_LOGGERS = "FLNOTES_LOGGERS"
+ENV_LOGGER_DIR = "FLNOTES_LOGGER_DIR"
+
+
+def environment_tracker(run_dir: str | Path, settings: dict) -> Tracker | None:
+    """The Tracker that ``FLNOTES_LOGGERS`` (a comma list) and ``FLNOTES_LOGGER_DIR`` ask for
+    (None when unset): how runs inside a sweep's notebooks log without a flag of their own."""
+    names = parse_loggers([os.environ[ENV_LOGGERS]] if os.environ.get(ENV_LOGGERS) else None)
+    if not names:
+        return None
+    return Tracker(names, run_dir, settings, os.environ.get(ENV_LOGGER_DIR) or None)
 
 
 def _holds_data(logger) -> bool:

@@ -2,7 +2,7 @@
 
     python notebooks/refresh_outputs.py notebooks/04_toy_race.ipynb notebooks/21_flatness.ipynb
 
-The teaching notebooks (00-04 and 21, :data:`SHIPPED_WITH_FIGURES`) are stored with every
+The teaching notebooks (00-04, 21 and 22, :data:`SHIPPED_WITH_FIGURES`) are stored with every
 output of a fresh run, figures included, so that a reader who opens one on GitHub or before
 running it sees the lecture whole (each stays around 1 MB: the figures are PNGs at 100 dpi).
 The other notebooks keep outputs only for cells containing ``# NBVAL_CHECK_OUTPUT``. Either
@@ -30,7 +30,8 @@ MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
 # The notebooks a reader should see whole without running them (issue 14).
 SHIPPED_WITH_FIGURES = ("00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
-                        "03_mutation_regions", "04_toy_race", "21_flatness")
+                        "03_mutation_regions", "04_toy_race", "21_flatness",
+                        "22_paper_figures")
 
 
 def checked(cell) -> bool:

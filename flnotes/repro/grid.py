@@ -48,7 +48,8 @@ from typing import Any
 
 import yaml
 
-from flnotes.repro import PACKAGE_DIR
+from flnotes.messages import did_you_mean
+from flnotes.repro import PACKAGE_DIR, SWEEP_DIR
 
 GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seeds", "smoke",
              "description", "stack_seeds"}
@@ -133,6 +134,39 @@ def find_notebook(name: str, grid_path: Path) -> Path | None:
     return next((c.resolve() for c in candidates if c.is_file()), None)
 
 
+def shipped_grids() -> dict[str, Path]:
+    """The grids that ship with flnotes (``flnotes/sweeps``), by name (file stem)."""
+    return {p.stem: p for p in sorted(SWEEP_DIR.glob("*.yaml"))}
+
+
+def grid_summary(path: Path, width: int = 90) -> str:
+    """The start of a grid's opening comment (what it reproduces), for ``sweep --list``."""
+    words = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        words += line.lstrip("#").split()
+    text = " ".join(words)
+    return text if len(text) <= width else text[:width - 3].rsplit(" ", 1)[0] + " ..."
+
+
+def resolve_grid(name: str | Path) -> Path:
+    """The grid file ``name`` means: a path to a file, or the name of a shipped grid
+    (``fedmut_table1``, ``fedmut_table1.yaml`` or ``sweeps/fedmut_table1.yaml`` from any
+    folder, installed from a wheel or not)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = shipped_grids()
+    stem = path.name[:-len(".yaml")] if path.name.endswith(".yaml") else path.name
+    if stem in shipped and (len(path.parts) == 1 or path.parent.name == "sweeps"):
+        return shipped[stem]
+    if path.exists():
+        raise GridError(f"grid {name} is a folder, not a YAML grid file")
+    raise GridError(f"grid {str(name)!r} not found: no such file, and no shipped grid of that "
+                    f"name{did_you_mean(stem, list(shipped))} (python -m flnotes sweep --list)")
+
+
 def notebook_parameters(notebook: Path) -> set[str]:
     """Names defined in the notebook's cell tagged 'parameters'."""
     import papermill as pm
@@ -147,9 +181,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     ``overrides`` (command line ``--set KEY=VALUE``) win over every value of the grid, and
     ``stack_seeds`` (``--stack-seeds``), when not None, over the grid's ``stack_seeds``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise GridError(f"grid file {path} not found")
+    path = resolve_grid(path)
     try:
         spec = read_yaml(path.read_text()) or {}
     except _DuplicateKey as err:
@@ -430,8 +462,6 @@ def _name_problems(cell: Cell) -> list[str]:
         for name in names:
             name = str(name).strip()
             if name not in known():
-                from flnotes.messages import did_you_mean
-
                 problems.append(f"unknown {key.rstrip('s')} {name!r} (in cell {cell.id})"
                                 f"{did_you_mean(name, known())}; known: {known()}")
     return problems

@@ -35,11 +35,13 @@ def teaching_notebooks(folder: Path = NOTEBOOK_DIR) -> list[Path]:
     return sorted(folder.glob("0[0-9]_*.ipynb"))
 
 
-def run_teaching_notebooks(out: Path, parameters: dict | None = None) -> list[Path]:
-    """Run each teaching notebook headless into ``out``; return the executed copies."""
+def run_teaching_notebooks(out: Path, parameters: dict | None = None,
+                           first: int | None = None) -> list[Path]:
+    """Run each teaching notebook (``first``: the first N) headless into ``out``; return the
+    executed copies."""
     import papermill as pm
 
-    notebooks = teaching_notebooks()
+    notebooks = teaching_notebooks()[:first]
     if not notebooks:
         print(f"no teaching notebooks found in {NOTEBOOK_DIR}")
         return []
@@ -53,3 +55,25 @@ def run_teaching_notebooks(out: Path, parameters: dict | None = None) -> list[Pa
                             kernel_manager_class=quiet_kernel_manager())
         done.append(target)
     return done
+
+
+def copy_notebooks(dest: Path, force: bool = False) -> list[Path]:
+    """Copy the notebook series (and its README) into ``dest`` to open in Jupyter; a file
+    already there is kept unless ``force`` (a student's edits are not overwritten)."""
+    import shutil
+
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"{dest} is a file, not a folder; name a folder to copy the "
+                         "notebooks into")
+    sources = sorted(NOTEBOOK_DIR.glob("*.ipynb")) + [NOTEBOOK_DIR / "README.md"]
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for source in sources:
+        target = dest / source.name
+        if target.exists() and not force:
+            print(f"kept {target} (already there; --force replaces it)")
+            continue
+        shutil.copyfile(source, target)
+        copied.append(target)
+    return copied

@@ -31,7 +31,14 @@ import yaml
 
 from flnotes.repro import PACKAGE_DIR
 from flnotes.repro import grid as grid_file
-from flnotes.repro.grid import Cell, Grid, GridError, load_grid
+from flnotes.repro.grid import (
+    Cell,
+    Grid,
+    GridError,
+    grid_summary,
+    load_grid,
+    shipped_grids,
+)
 from flnotes.repro.kernel import current_kernel
 from flnotes.repro.notebooks import quiet_kernel_manager
 
@@ -136,8 +143,11 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
     # The kernel must import this same flnotes, installed or not (its parent folder first).
     path = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH"))
                            if p)
+    # --logger: the kernel's runs log each round themselves (flnotes.engine.tracking).
+    tracking = ({"FLNOTES_LOGGERS": ",".join(meta["loggers"]),
+                 "FLNOTES_LOGGER_DIR": meta["logger_dir"]} if meta.get("loggers") else {})
     try:
-        with _environment(PYTHONPATH=path):
+        with _environment(PYTHONPATH=path, **tracking):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
                                 cwd=str(folder), progress_bar=False, log_output=False,
                                 kernel_name=current_kernel(),
@@ -206,7 +216,8 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
               force: bool = False, progress: bool = True, only: list[str] | None = None,
               processes: bool | None = None, executor: str = "local",
               address: str | None = None, gpus_per_cell: float | None = None,
-              cpus_per_cell: float = 1.0, retries: int = 0):
+              cpus_per_cell: float = 1.0, retries: int = 0, loggers: list[str] | None = None,
+              logger_dir: str | Path | None = None):
     """Run every cell not yet completed; return the summary table (one row per cell).
 
     ``only``: run just the cells whose id contains one of these texts. ``processes``: run
@@ -215,7 +226,9 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     process, does not stop on Ctrl-C, while a worker is stopped at once. ``executor="ray"``
     runs each cell as a Ray task instead (:mod:`flnotes.repro.ray_executor`; ``address``
     joins a running cluster; ``gpus_per_cell``, ``cpus_per_cell`` and ``retries`` as their
-    flags), with the same folders, records and summary.
+    flags), with the same folders, records and summary. ``loggers`` (``--logger``) copy
+    each round of every cell's runs to TensorBoard / MLflow as it ends, into one store under
+    ``logger_dir`` (default: the sweep's output folder).
     """
     if executor not in ("local", "ray"):
         raise ValueError(f"unknown executor {executor!r}; choose local or ray")
@@ -237,6 +250,9 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     cells = select_cells(grid, only)
     meta = {"grid": grid.name, "grid_file": str(grid.path), "variant": grid.variant,
             "notebook": str(grid.notebook), "paper_table": grid.paper_table}
+    if loggers:
+        meta["loggers"] = list(loggers)
+        meta["logger_dir"] = str(Path(logger_dir or out).resolve())
     records, todo = {}, []
     for cell in cells:
         if not force and cell_status(out, cell) == "completed":
@@ -429,7 +445,11 @@ def summarise(records: list[dict], out: Path):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the ``sweep`` subcommand."""
-    parser.add_argument("grid", help="YAML grid file (see sweeps/)")
+    parser.add_argument("grid", nargs="?",
+                        help="a YAML grid file, or the name of a grid that ships with flnotes "
+                        "(e.g. fedmut_table1; --list shows them)")
+    parser.add_argument("--list", action="store_true", dest="list_grids",
+                        help="list the grids that ship with flnotes and stop")
     parser.add_argument("--smoke", action="store_true", help="run the grid's smoke variant")
     parser.add_argument("--out", help="output folder (default: runs/sweeps/<name>-<variant>)")
     parser.add_argument("--workers", type=int, default=1,
@@ -462,6 +482,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="KEY=VALUE", help="override a parameter in every cell (YAML "
                         "value), e.g. --set data_dir=/data/cifar10 --set rounds=50")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    parser.add_argument("--logger", action="append", metavar="{tensorboard,mlflow}",
+                        help="also log each round of every cell's runs to TensorBoard or a "
+                        "local MLflow store, as the rounds end (one store for the sweep: "
+                        "OUT/tensorboard/, OUT/mlruns/); metrics.jsonl stays the record")
+    parser.add_argument("--logger-dir", metavar="DIR",
+                        help="log into DIR/tensorboard/ and DIR/mlruns/ instead of OUT")
     parser.add_argument("--stack-seeds", action="store_true", default=None,
                         help="one cell per setting running all its seeds as one batched run "
                         "(the grid's stack_seeds: true; pays on a GPU)")
@@ -480,8 +506,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             problem = " ".join(str(getattr(err, "problem", None) or err).split())
             raise GridError(f"--set {item!r}: the value is not YAML ({problem}); quote it, "
                             f"e.g. {key.strip()}='{value}'") from None
+    if args.list_grids:
+        grids = shipped_grids()
+        width = max(map(len, grids), default=0)
+        for name, path in grids.items():
+            print(f"{name:<{width}}  {grid_summary(path)}")
+        return 0
+    if args.grid is None:
+        raise GridError("name a grid file or a shipped grid (python -m flnotes sweep --list)")
     if args.workers < 1:
         raise GridError(f"--workers must be 1 or more, got {args.workers}")
+    from flnotes.engine.tracking import check_installed, parse_loggers
+
+    loggers = parse_loggers(args.logger)
+    check_installed(loggers)
+    if args.logger_dir is not None and not loggers:
+        raise GridError("--logger-dir says where --logger writes: add --logger tensorboard "
+                        "(or mlflow)")
     grid = load_grid(args.grid, smoke=args.smoke, overrides=overrides,
                      stack_seeds=getattr(args, "stack_seeds", None))
     cells = select_cells(grid, args.only)
@@ -499,9 +540,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if ray_flags and args.executor != "ray":
             flag = "--" + next(iter(ray_flags)).replace("_", "-")
             raise GridError(f"{flag} sizes the cells' Ray tasks: add --executor ray")
+        from flnotes.messages import on_terminal
+
         summary = run_sweep(grid, args.out, workers=args.workers, force=args.force,
+                            progress=on_terminal(),
                             only=args.only, processes=True, executor=args.executor,
-                            address=args.address, **ray_flags)
+                            address=args.address, loggers=loggers,
+                            logger_dir=args.logger_dir, **ray_flags)
     except SweepInterrupted as stopped:
         _print_summary(stopped.summary)
         done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())

@@ -1,0 +1,102 @@
+"""Issue 24: what ships in the package and finds it from any folder: grids by name, the
+notebook series copied out, a sweep's runs logged to one TensorBoard store as they go."""
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import write_grid, write_notebook
+
+from flnotes.cli.main import main
+from flnotes.repro import NOTEBOOK_DIR, PAPER_TABLE_DIR, SWEEP_DIR
+from flnotes.repro.grid import GridError, load_grid, resolve_grid, shipped_grids
+
+
+def test_the_package_holds_the_notebooks_grids_and_paper_tables():
+    # Inside flnotes/ (so a wheel carries them), and the clone's top-level names lead there.
+    for folder, pattern in ((NOTEBOOK_DIR, "*.ipynb"), (SWEEP_DIR, "*.yaml"),
+                            (PAPER_TABLE_DIR, "*.csv")):
+        assert folder.parent.name == "flnotes" and any(folder.glob(pattern)), folder
+    root = NOTEBOOK_DIR.parents[1]
+    if (root / "pyproject.toml").is_file():
+        for link, target in (("notebooks", NOTEBOOK_DIR), ("sweeps", SWEEP_DIR),
+                             ("data/paper_tables", PAPER_TABLE_DIR)):
+            assert (root / link).resolve() == target.resolve()
+
+
+def test_a_shipped_grid_is_found_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository: the names must not depend on the cwd
+    expected = SWEEP_DIR / "fml_table1.yaml"
+    for name in ("fml_table1", "fml_table1.yaml", "sweeps/fml_table1.yaml"):
+        assert resolve_grid(name) == expected
+    grid = load_grid("fml_table1", smoke=True)
+    assert grid.path == expected and grid.notebook.parent == NOTEBOOK_DIR
+    assert set(shipped_grids()) == {p.stem for p in SWEEP_DIR.glob("*.yaml")}
+
+
+def test_a_file_beats_a_shipped_name_and_an_unknown_name_says_what_exists(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    notebook = write_notebook(tmp_path)
+    write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [1]}}, name="fml_table1")
+    assert resolve_grid("fml_table1") == Path("fml_table1")  # the user's file, as given
+    with pytest.raises(GridError, match="did you mean 'fedmut_table1'"):
+        resolve_grid("fedmut_tabel1")
+    with pytest.raises(GridError, match="no shipped grid"):
+        resolve_grid("other/fml_table1.yaml")  # a path elsewhere is not a shipped name
+
+
+def test_sweep_list_names_every_shipped_grid(capsys):
+    assert main(["sweep", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if line and not line.startswith("done")]
+    assert listed == sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
+
+
+def test_notebooks_are_copied_out_and_a_students_edit_is_kept(tmp_path, capsys):
+    dest = tmp_path / "course"
+    assert main(["notebooks", str(dest)]) == 0
+    shipped = sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb"))
+    assert sorted(p.name for p in dest.glob("*.ipynb")) == shipped
+    assert (dest / "README.md").is_file()
+    edited = dest / shipped[0]
+    edited.write_text("my notes")
+    assert main(["notebooks", str(dest)]) == 0
+    assert edited.read_text() == "my notes" and "kept" in capsys.readouterr().out
+    assert main(["notebooks", str(dest), "--force"]) == 0
+    assert json.loads(edited.read_text())["cells"]
+    (tmp_path / "file").write_text("")
+    assert main(["notebooks", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+TRAIN = """
+from flnotes.config import RunConfig
+from flnotes.engine.sim import run
+for seed in seeds:
+    run(RunConfig(algorithm="fedavg", num_clients=4, clients_per_round=2, rounds=2, seed=seed,
+                  lr=lr, data_options={"num_train": 400, "num_test": 100}, device="cpu",
+                  run_dir=f"{output_dir}/runs/fedavg/seed{seed}"), progress=False)
+"""
+
+
+def test_a_sweeps_logger_gets_each_cells_rounds_in_one_store(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from flnotes.repro.sweep import run_sweep
+
+    notebook = write_notebook(tmp_path, TRAIN)
+    grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name,
+                                           "grid": {"lr": [0.05, 0.1]}, "seeds": [0]}))
+    out = tmp_path / "out"
+    run_sweep(grid, out, progress=False, loggers=["tensorboard"])
+    for cell in grid.cells:
+        run_dir = out / "cells" / cell.id / "runs" / "fedavg" / "seed0"
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        # one store for the sweep, each run under its own path (not all "seed0")
+        events = EventAccumulator(str(out / "tensorboard" / run_dir.relative_to(out)))
+        events.Reload()
+        logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
+        assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in rows]
+        assert not (run_dir / "tensorboard").exists()

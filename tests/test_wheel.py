@@ -1,0 +1,107 @@
+"""Issue 24: flnotes as a researcher installs it. The wheel is built from the source, installed
+into a fresh virtual environment (not editable, run from a folder that is not the repository)
+and its commands find the notebooks, grids and paper tables it carries.
+
+The venv sees this interpreter's packages (``--system-site-packages``: torch, Jupyter, ...,
+which pip would otherwise fetch for minutes) but its own flnotes comes first; the test checks
+that the flnotes it runs is the wheel's.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+import flnotes
+
+SOURCE = Path(flnotes.__file__).resolve().parents[1]
+
+
+def _copy_source(dest: Path) -> Path:
+    """The files a wheel is built from, without build leftovers (a stale build/ folder in a
+    working copy would otherwise leak into the wheel)."""
+    if not (SOURCE / "pyproject.toml").is_file():
+        pytest.skip("flnotes is installed, not a source checkout: no wheel to build")
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(SOURCE / name, dest / name)
+    shutil.copytree(SOURCE / "flnotes", dest / "flnotes",
+                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(flnotes command, its environment, a work folder) of a fresh venv with the wheel."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = _copy_source(root / "source")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # No build isolation: setuptools is here already, and CI has no index but the registries.
+    subprocess.run([*pip, "wheel", str(source), "--no-deps", "--no-build-isolation",
+                    "-w", str(root / "dist")], check=True, cwd=root)
+    wheel = next((root / "dist").glob("flnotes-*.whl"))
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+    python = root / "venv" / "bin" / "python"
+    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index",
+                    str(wheel)], check=True, cwd=root)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", PATH=f"{root / 'venv' / 'bin'}{os.pathsep}{env['PATH']}")
+    work = root / "work"
+    work.mkdir()
+    return root / "venv" / "bin" / "flnotes", env, work
+
+
+def _run(installed, *args, timeout=300):
+    command, env, work = installed
+    done = subprocess.run([str(command), *args], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_wheel_carries_its_data_and_runs_from_the_venv(installed):
+    command, env, work = installed
+    where = subprocess.run([str(command.parent / "python"), "-c",
+                            "import flnotes.repro as r; print(r.PACKAGE_DIR, r.REPO_ROOT)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True)
+    package, repo = where.stdout.split()
+    assert Path(package).is_relative_to(command.parents[1]) and repo == "None"
+    assert {p.name for p in (Path(package) / "notebooks").glob("*.ipynb")} == {
+        p.name for p in (SOURCE / "flnotes" / "notebooks").glob("*.ipynb")}
+
+
+def test_demo_quick_finds_the_notebooks(installed):
+    out = _run(installed, "demo", "--quick", "--out", "demo")
+    demo = installed[2] / "demo"
+    assert (demo / "learning_curve.png").is_file()
+    assert (demo / "notebooks" / "00_quickstart.ipynb").is_file(), out
+    assert "\r" not in out  # no progress bar redrawn into a captured log
+
+
+def test_sweep_by_name_and_tables_on_a_smoke_sweep(installed):
+    listed = _run(installed, "sweep", "fml_table1", "--smoke", "--dry-run")
+    cells = [line.split()[0] for line in listed.splitlines() if "_fedavg_" in line]
+    assert "2 cells, notebook" in listed and len(cells) == 1
+    summary = _run(installed, "sweep", "fml_table1", "--smoke", "--only", cells[0],
+                   "--out", "smoke")
+    assert "\r" not in summary  # no progress bar redrawn into a captured log
+    ours = re.search(rf"{cells[0]} .* completed +[\d.]+ +([\d.]+)", summary)
+    table = _run(installed, "tables", "smoke", "--table", "fml_table1")
+    # the paper's FedAvg cell (CIFAR-10, CNN1, shards-3) with this run's accuracy beside it
+    cell = re.search(r"CNN1 +iid[^\n]*\n[^\n]*\n[^\n]*\n +shards-3 +([\d.]+) / ([\d.]+)\*",
+                     table)
+    assert ours and cell, summary + table
+    assert cell.group(2) == ours.group(1)
+    paper = (SOURCE / "flnotes" / "paper_tables" / "fml_table1.csv").read_text()
+    assert f"CIFAR-10,CNN1,shards-3,FedAvg,{cell.group(1)}," in paper
+
+
+def test_notebooks_command_copies_the_series(installed):
+    _run(installed, "notebooks", "course")
+    copied = {p.name for p in (installed[2] / "course").glob("*.ipynb")}
+    assert copied == {p.name for p in (SOURCE / "flnotes" / "notebooks").glob("*.ipynb")}
