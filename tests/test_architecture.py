@@ -115,9 +115,13 @@ def test_no_import_climbs_the_layers():
 def test_few_modules_sit_directly_under_the_package():
     top = {p.stem for p in PACKAGE.glob("*.py")}
     assert top <= TOP_LEVEL, f"move {sorted(top - TOP_LEVEL)} into a subpackage"
+    data = {"notebooks", "sweeps", "paper_tables"}  # shipped data, not code (no modules)
     for folder in PACKAGE.iterdir():
-        if folder.is_dir() and folder.name != "__pycache__":
+        if folder.is_dir() and folder.name not in {"__pycache__", *data}:
             assert (folder / "__init__.py").exists(), f"{folder.name}/ has no __init__.py"
+    for name in data:  # a data folder holds no module a subpackage should hold
+        modules = {p.name for p in (PACKAGE / name).glob("*.py")} - {"refresh_outputs.py"}
+        assert not modules, f"{name}/ holds modules {sorted(modules)}"
 
 
 def test_the_checks_catch_what_they_guard_against():
