@@ -27,14 +27,6 @@ def _pngs(cell: dict) -> int:
     return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
-def test_stored_whole_by_the_rules_of_the_teaching_notebooks():
-    import test_stored_notebooks as stored
-
-    name = NOTEBOOK.stem
-    stored.test_teaching_notebook_is_stored_whole_with_its_figures(name)
-    stored.test_no_widget_view_is_stored_and_the_kernel_metadata_is_whole(name)
-
-
 def test_one_stored_figure_per_registered_figure_and_the_evidence_curves():
     code = _code_cells()
     evidence = [c for c in code if "results_page.curves_figure" in "".join(c["source"])]

@@ -31,7 +31,7 @@ def _copy_source(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(SOURCE / name, dest / name)
     shutil.copytree(SOURCE / "flnotes", dest / "flnotes",
-                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "runs"))
     return dest
 
 

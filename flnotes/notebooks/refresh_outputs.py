@@ -2,7 +2,8 @@
 
     python notebooks/refresh_outputs.py notebooks/04_toy_race.ipynb notebooks/21_flatness.ipynb
 
-The teaching notebooks (00-04, 21 and 22, :data:`SHIPPED_WITH_FIGURES`) are stored with every
+The teaching notebooks (00-04 and 21, :data:`SHIPPED_WITH_FIGURES`) and the reproduction and
+results notebooks (10-12, 20, 22; all of them: :data:`STORED_WHOLE`) are stored with every
 output of a fresh run, figures included, so that a reader who opens one on GitHub or before
 running it sees the lecture whole (each stays around 1 MB: the figures are PNGs at 100 dpi).
 The other notebooks keep outputs only for cells containing ``# NBVAL_CHECK_OUTPUT``. Either
@@ -30,8 +31,11 @@ MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
 # The notebooks a reader should see whole without running them (issue 14).
 SHIPPED_WITH_FIGURES = ("00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
-                        "03_mutation_regions", "04_toy_race", "21_flatness",
-                        "22_paper_figures")
+                        "03_mutation_regions", "04_toy_race", "21_flatness")
+# Stored whole as well: the reproduction notebooks' default runs and the stored-results ones.
+STORED_WHOLE = SHIPPED_WITH_FIGURES + ("10_reproduce_cifar", "11_reproduce_shakespeare",
+                                       "12_reproduce_fml", "20_tables_vs_paper",
+                                       "22_paper_figures")
 
 
 def checked(cell) -> bool:
@@ -162,7 +166,7 @@ def refresh(path: Path, timeout: int = 1800) -> int:
                    record_timing=False,
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     state = executed.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    keep_all = path.stem in SHIPPED_WITH_FIGURES
+    keep_all = path.stem in STORED_WHOLE
     changed = 0
     for old, new in zip(stored.cells, executed.cells, strict=True):
         if old.cell_type != "code":
