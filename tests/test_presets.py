@@ -248,7 +248,8 @@ def test_every_preset_a_sweep_grid_names_exists():
 def test_a_notebooks_parameters_from_a_preset_follow_the_rule_it_prints():
     """Issue 24: ``-p preset NAME`` in notebooks 10-12 (flnotes.config.presets)."""
     from flnotes.config import RunConfig
-    from flnotes.config.presets import PresetError, notebook_parameters, preset_values
+    from flnotes.config.notebook_presets import PresetError, notebook_parameters
+    from flnotes.config.presets import preset_values
 
     cell = {"dataset": "synthetic", "rounds": 6, "lr": 0.1, "batch_size": 50,
             "partition": "dirichlet", "threads": None, "algorithms": ["fedavg"],

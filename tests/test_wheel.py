@@ -47,8 +47,10 @@ def installed(tmp_path_factory):
     wheel = next((root / "dist").glob("flnotes-*.whl"))
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
     python = root / "venv" / "bin" / "python"
+    # --ignore-installed: into the venv, whatever flnotes the outer interpreter holds
     subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index",
-                    str(wheel)], check=True, cwd=root)
+                    "--ignore-installed", str(wheel)], check=True, cwd=root)
+    assert (root / "venv" / "bin" / "flnotes").is_file(), "pip did not install the wheel"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS="1", PATH=f"{root / 'venv' / 'bin'}{os.pathsep}{env['PATH']}")
     work = root / "work"
