@@ -17,8 +17,13 @@ demo: install
 	$(PYTHON) -m flnotes demo --out out/demo
 
 # pytest exits with 5 when it collected no tests: that is a failure here, not a pass.
+# Two workers (pytest-xdist), each file on one of them (its module fixtures, JupyterLab and
+# Ray, start once), one torch thread each: the 2-core CI machine is busy with both, and two
+# threads per process there are slower than one. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: install-test
 	$(PYTHON) -m ruff check flnotes tests
-	$(PYTHON) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg \
-	  -p no:cacheprovider; rc=$$?; \
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests notebooks --nbval-lax \
+	  --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider \
+	  -n $(TEST_WORKERS) --dist loadfile; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
