@@ -27,10 +27,17 @@ def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> in
             config = config.replace(rounds=QUICK_ROUNDS)
         print(f"== {algorithm}: {config.num_clients} clients, {config.clients_per_round} "
               f"per round, {config.rounds} rounds on {config.dataset}")
-        history = run(config, progress=on_terminal())  # no bar redrawn into a log
-        for row in history.rows:
+        printed = []
+
+        def show(row: dict, printed=printed) -> None:  # each round as it ends
+            printed.append(row["round"])
             if "accuracy" in row:
-                print(f"  round {row['round']:3d}  accuracy {row['accuracy']:.4f}")
+                print(f"  round {row['round']:3d}  accuracy {row['accuracy']:.4f}", flush=True)
+
+        # no bar redrawn into a log
+        history = run(config, progress=on_terminal(), on_round=show)
+        for row in history.rows if not printed else ():  # a finished folder, reloaded
+            show(row)
         histories[algorithm] = history
     fig = plot_learning_curves(histories, title="demo: synthetic task, Dirichlet 0.5")
     png = out / "learning_curve.png"
