@@ -100,3 +100,19 @@ def test_a_sweeps_logger_gets_each_cells_rounds_in_one_store(tmp_path):
         logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
         assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in rows]
         assert not (run_dir / "tensorboard").exists()
+
+
+def test_a_bad_loggers_variable_is_one_line_and_leaves_the_folder_usable(tmp_path,
+                                                                        monkeypatch):
+    from flnotes.config import RunConfig
+    from flnotes.engine.sim import run
+    from flnotes.engine.tracking import TrackingError
+
+    config = RunConfig(algorithm="fedavg", num_clients=4, clients_per_round=2, rounds=1,
+                       data_options={"num_train": 200, "num_test": 50}, device="cpu",
+                       run_dir=str(tmp_path / "run"))
+    monkeypatch.setenv("FLNOTES_LOGGERS", "wandb")
+    with pytest.raises(TrackingError, match="unknown logger 'wandb'"):
+        run(config, progress=False)
+    monkeypatch.delenv("FLNOTES_LOGGERS")
+    assert run(config, progress=False).status == "completed"  # the folder is still usable

@@ -351,7 +351,11 @@ def run(config, *, progress: bool = True, task=None,
     """
     check_config(config)
     sim = Simulation(config, task=task)
-    tracker = _environment_tracker(sim) if track else None
+    try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
+        tracker = _environment_tracker(sim) if track else None
+    except BaseException:
+        sim.release()
+        raise
     if tracker:
         def on_round(row, _given=on_round):
             tracker.log_round(row)
