@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny synthetic federation that trains in a fraction of a second."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -10,6 +11,12 @@ from flnotes.config import RunConfig
 # The models in tests are tiny: one thread is faster than two fighting over two cores,
 # and it keeps CPU results independent of the machine's core count.
 torch.set_num_threads(1)
+
+# A suite started in the background (`make test &`, nohup) inherits SIGINT ignored, and Python
+# then leaves it so: the Ctrl-C tests (and the commands they start, which inherit it) would
+# never see one. Ctrl-C as a terminal delivers it, here and in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The backend-equality tests (test_vmap, test_compiled, test_stacked) also run on a GPU:
 # FLNOTES_TEST_DEVICE=cuda python -m pytest tests/test_vmap.py ... CI runs them on the CPU.

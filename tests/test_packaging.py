@@ -42,8 +42,11 @@ def test_a_file_beats_a_shipped_name_and_an_unknown_name_says_what_exists(tmp_pa
     assert resolve_grid("fml_table1") == Path("fml_table1")  # the user's file, as given
     with pytest.raises(GridError, match="did you mean 'fedmut_table1'"):
         resolve_grid("fedmut_tabel1")
-    with pytest.raises(GridError, match="no shipped grid"):
-        resolve_grid("other/fml_table1.yaml")  # a path elsewhere is not a shipped name
+    for path in ("other/fml_table1.yaml", "/elsewhere/sweeps/fml_table1.yaml"):
+        with pytest.raises(GridError, match=f"grid file {path} not found"):
+            resolve_grid(path)  # a path elsewhere is not a shipped name
+    (tmp_path / "fedmut_table1.yaml").write_text((SWEEP_DIR / "fml_table1.yaml").read_text())
+    assert resolve_grid("fedmut_table1") == Path("fedmut_table1.yaml")  # yours first
 
 
 def test_sweep_list_names_every_shipped_grid(capsys):
@@ -89,13 +92,13 @@ def test_a_sweeps_logger_gets_each_cells_rounds_in_one_store(tmp_path):
     notebook = write_notebook(tmp_path, TRAIN)
     grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name,
                                            "grid": {"lr": [0.05, 0.1]}, "seeds": [0]}))
-    out = tmp_path / "out"
-    run_sweep(grid, out, progress=False, loggers=["tensorboard"])
+    out, logs = tmp_path / "out", tmp_path / "logs"  # --logger-dir: a store outside OUT
+    run_sweep(grid, out, progress=False, loggers=["tensorboard"], logger_dir=logs)
     for cell in grid.cells:
         run_dir = out / "cells" / cell.id / "runs" / "fedavg" / "seed0"
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        # one store for the sweep, each run under its own path (not all "seed0")
-        events = EventAccumulator(str(out / "tensorboard" / run_dir.relative_to(out)))
+        # one store for the sweep, each run named by its path below OUT (not all "seed0")
+        events = EventAccumulator(str(logs / "tensorboard" / run_dir.relative_to(out)))
         events.Reload()
         logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
         assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in rows]
@@ -116,3 +119,27 @@ def test_a_bad_loggers_variable_is_one_line_and_leaves_the_folder_usable(tmp_pat
         run(config, progress=False)
     monkeypatch.delenv("FLNOTES_LOGGERS")
     assert run(config, progress=False).status == "completed"  # the folder is still usable
+
+
+def test_stacked_seeds_log_each_seed_from_the_environment(tmp_path, monkeypatch):
+    """run_seeds' stacked path (no per-round callback) logs each seed's rounds as it ends,
+    named by its path below FLNOTES_LOGGER_BASE, as a sweep's cells do."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from flnotes.config import RunConfig
+    from flnotes.engine.seeds import run_seeds
+
+    config = RunConfig(algorithm="fedavg", num_clients=4, clients_per_round=2, rounds=2,
+                       data_options={"num_train": 400, "num_test": 100}, device="cpu",
+                       backend="vmap", run_dir=str(tmp_path / "cell" / "fedavg"))
+    monkeypatch.setenv("FLNOTES_LOGGERS", "tensorboard")
+    monkeypatch.setenv("FLNOTES_LOGGER_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("FLNOTES_LOGGER_BASE", str(tmp_path))
+    histories = run_seeds(config, [0, 1], progress=False)
+    for seed, history in zip((0, 1), histories, strict=True):
+        events = EventAccumulator(str(tmp_path / "logs" / "tensorboard" / "cell" / "fedavg"
+                                      / f"seed{seed}"))
+        events.Reload()
+        logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
+        assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in history.rows]

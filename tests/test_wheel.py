@@ -63,6 +63,7 @@ def _run(installed, *args, timeout=300):
     done = subprocess.run([str(command), *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "\r" not in done.stderr  # no progress bar redrawn into a captured log
     return done.stdout
 
 
@@ -82,7 +83,6 @@ def test_demo_quick_finds_the_notebooks(installed):
     demo = installed[2] / "demo"
     assert (demo / "learning_curve.png").is_file()
     assert (demo / "notebooks" / "00_quickstart.ipynb").is_file(), out
-    assert "\r" not in out  # no progress bar redrawn into a captured log
 
 
 def test_sweep_by_name_and_tables_on_a_smoke_sweep(installed):
@@ -91,7 +91,6 @@ def test_sweep_by_name_and_tables_on_a_smoke_sweep(installed):
     assert "2 cells, notebook" in listed and len(cells) == 1
     summary = _run(installed, "sweep", "fml_table1", "--smoke", "--only", cells[0],
                    "--out", "smoke")
-    assert "\r" not in summary  # no progress bar redrawn into a captured log
     ours = re.search(rf"{cells[0]} .* completed +[\d.]+ +([\d.]+)", summary)
     table = _run(installed, "tables", "smoke", "--table", "fml_table1")
     # the paper's FedAvg cell (CIFAR-10, CNN1, shards-3) with this run's accuracy beside it

@@ -14,6 +14,8 @@ QUICK_NOTEBOOK_PARAMETERS = {"rounds": 5}
 def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> int:
     """Run the demo preset with FedAvg and FedMut, print accuracies, save a PNG, then run
     the teaching notebooks headless (``quick``: 3 rounds and notebook 00 alone)."""
+    from tqdm.auto import tqdm
+
     from flnotes.engine.sim import run
     from flnotes.messages import on_terminal
     from flnotes.plots import plot_learning_curves
@@ -21,8 +23,10 @@ def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> in
     out.mkdir(parents=True, exist_ok=True)
     histories = {}
     for algorithm in ("fedavg", "fedmut"):
+        # --quick in a folder of its own: a full demo's 15-round folders are not shortened
+        runs = out / ("runs-quick" if quick else "runs")
         config = RunConfig.from_preset("demo", algorithm=algorithm,
-                                       run_dir=str(out / "runs" / algorithm))
+                                       run_dir=str(runs / algorithm))
         if quick:
             config = config.replace(rounds=QUICK_ROUNDS)
         print(f"== {algorithm}: {config.num_clients} clients, {config.clients_per_round} "
@@ -31,8 +35,8 @@ def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> in
 
         def show(row: dict, printed=printed) -> None:  # each round as it ends
             printed.append(row["round"])
-            if "accuracy" in row:
-                print(f"  round {row['round']:3d}  accuracy {row['accuracy']:.4f}", flush=True)
+            if "accuracy" in row:  # above a terminal's progress bar, not into it
+                tqdm.write(f"  round {row['round']:3d}  accuracy {row['accuracy']:.4f}")
 
         # no bar redrawn into a log
         history = run(config, progress=on_terminal(), on_round=show)

@@ -64,24 +64,23 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True,
     configs = seed_configs(config, seeds)
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
         return [run(c, progress=progress, track=track) for c in configs]
+    # Before training: a bad FLNOTES_LOGGERS is one line at once, not after every seed ran.
+    trackers = [_environment_tracker_for(c) if track else None for c in configs]
     histories = _run_stacked(config, configs, progress)
-    for history in histories if track else ():
-        tracker = _environment_tracker_for(history)
+    for tracker, history in zip(trackers, histories, strict=True):
         if tracker:
             tracker.backfill(history.rows)
             tracker.close(history.status)
     return histories
 
 
-def _environment_tracker_for(history: History):
-    """``FLNOTES_LOGGERS``'s tracker for a finished seed's folder (None: unset)."""
-    import os
+def _environment_tracker_for(config):
+    """``FLNOTES_LOGGERS``'s tracker for one seed's folder (None: unset, or no folder)."""
+    from flnotes.engine.tracking import environment_loggers, environment_tracker
 
-    from flnotes.engine.tracking import ENV_LOGGERS, environment_tracker
-
-    if not os.environ.get(ENV_LOGGERS) or history.run_dir is None:
+    if not environment_loggers() or config.run_dir is None:
         return None
-    return environment_tracker(history.run_dir, history.config)
+    return environment_tracker(config.run_dir, config.resolved().to_dict())
 
 
 def _run_stacked(config, configs: list, progress: bool) -> list[History]:

@@ -387,7 +387,7 @@ def _environment_tracker(sim: Simulation):
     """The tracker ``FLNOTES_LOGGERS`` asks for (None: unset), for this run's folder."""
     from flnotes.engine.tracking import ENV_LOGGERS, environment_tracker
 
-    if not os.environ.get(ENV_LOGGERS) or sim.run_dir is None:
+    if not os.environ.get(ENV_LOGGERS) or sim.run_dir is None:  # (unset: no import)
         return None
     return environment_tracker(sim.run_dir, sim.config.resolved().to_dict())
 

@@ -239,12 +239,13 @@ class Tracker:
     one warning line on stderr (the run and its metrics.jsonl go on)."""
 
     def __init__(self, names: Iterable[str], run_dir: str | Path, settings: dict,
-                 logger_dir: str | Path | None = None) -> None:
+                 logger_dir: str | Path | None = None, label: str | None = None) -> None:
         names = list(names)
         check_installed(names)
         run_dir = Path(run_dir)
         base = Path(logger_dir) if logger_dir else run_dir
-        label = _run_label(run_dir, base) if logger_dir else ""
+        # the run's name in a shared store (logger_dir): its folder's name unless told
+        label = (label or run_dir.name) if logger_dir else ""
         self.loggers: list = []
         for name in names:
             if name == "tensorboard":
@@ -297,27 +298,40 @@ class Tracker:
         return out
 
 
-def _run_label(run_dir: Path, logger_dir: Path) -> str:
-    """A run's name in a shared store: its path below the store's folder when inside it (a
-    sweep's ``cells/<id>/runs/fedmut/seed0``: unique), else its folder's name."""
+def _run_label(run_dir: Path, base: Path) -> str:
+    """A run's name in a sweep's shared store: its path below the sweep's folder
+    (``cells/<id>/runs/fedmut/seed0``: unique), else its folder's name."""
     try:
-        return run_dir.resolve().relative_to(logger_dir.resolve()).as_posix()
+        label = run_dir.resolve().relative_to(base.resolve()).as_posix()
     except ValueError:
         return run_dir.name
+    return label if label != "." else run_dir.name
 
 
-# What ``sweep --logger`` sets for the kernels of its cells: every run made there logs.
+# What ``sweep --logger`` sets for the kernels of its cells: every run made there logs, into
+# one store (the logger folder), each run named by its path below the sweep's folder.
 ENV_LOGGERS = "FLNOTES_LOGGERS"
 ENV_LOGGER_DIR = "FLNOTES_LOGGER_DIR"
+ENV_LOGGER_BASE = "FLNOTES_LOGGER_BASE"
+
+
+def environment_loggers() -> list[str]:
+    """The logger names ``FLNOTES_LOGGERS`` asks for ([] when unset); a bad one is one line."""
+    value = os.environ.get(ENV_LOGGERS)
+    return parse_loggers([value]) if value else []
 
 
 def environment_tracker(run_dir: str | Path, settings: dict) -> Tracker | None:
-    """The Tracker that ``FLNOTES_LOGGERS`` (a comma list) and ``FLNOTES_LOGGER_DIR`` ask for
-    (None when unset): how runs inside a sweep's notebooks log without a flag of their own."""
-    names = parse_loggers([os.environ[ENV_LOGGERS]] if os.environ.get(ENV_LOGGERS) else None)
+    """The Tracker that ``FLNOTES_LOGGERS`` (a comma list), ``FLNOTES_LOGGER_DIR`` and
+    ``FLNOTES_LOGGER_BASE`` ask for (None when unset): how runs inside a sweep's notebooks log
+    without a flag of their own."""
+    names = environment_loggers()
     if not names:
         return None
-    return Tracker(names, run_dir, settings, os.environ.get(ENV_LOGGER_DIR) or None)
+    logger_dir = os.environ.get(ENV_LOGGER_DIR) or None
+    base = os.environ.get(ENV_LOGGER_BASE) or logger_dir
+    label = _run_label(Path(run_dir), Path(base)) if base else None
+    return Tracker(names, run_dir, settings, logger_dir, label=label)
 
 
 def _holds_data(logger) -> bool:

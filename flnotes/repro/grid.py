@@ -131,6 +131,8 @@ def find_notebook(name: str, grid_path: Path) -> Path | None:
     finds it in a clone and in an installed wheel alike)."""
     candidates = [Path(name)] if Path(name).is_absolute() else [
         grid_path.parent / name, Path.cwd() / name, PACKAGE_DIR / name]
+    if grid_path.resolve().parent == SWEEP_DIR.resolve():  # a shipped grid: its own notebook,
+        candidates.insert(0, PACKAGE_DIR / name)  # not a copy that happens to lie in the cwd
     return next((c.resolve() for c in candidates if c.is_file()), None)
 
 
@@ -157,12 +159,17 @@ def resolve_grid(name: str | Path) -> Path:
     path = Path(name)
     if path.is_file():
         return path
-    shipped = shipped_grids()
-    stem = path.name[:-len(".yaml")] if path.name.endswith(".yaml") else path.name
-    if stem in shipped and (len(path.parts) == 1 or path.parent.name == "sweeps"):
-        return shipped[stem]
     if path.exists():
         raise GridError(f"grid {name} is a folder, not a YAML grid file")
+    if path.suffix != ".yaml" and path.with_name(path.name + ".yaml").is_file():
+        return path.with_name(path.name + ".yaml")  # your own NAME.yaml before a shipped NAME
+    shipped = shipped_grids()
+    stem = path.name[:-len(".yaml")] if path.name.endswith(".yaml") else path.name
+    # a bare name, or the clone's relative sweeps/NAME.yaml; never another folder's path
+    if stem in shipped and (len(path.parts) == 1 or path.parts == ("sweeps", path.name)):
+        return shipped[stem]
+    if len(path.parts) > 1 and path.parts[:-1] != ("sweeps",):
+        raise GridError(f"grid file {name} not found")
     raise GridError(f"grid {str(name)!r} not found: no such file, and no shipped grid of that "
                     f"name{did_you_mean(stem, list(shipped))} (python -m flnotes sweep --list)")
 

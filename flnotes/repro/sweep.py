@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from flnotes.repro import PACKAGE_DIR
+from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import (
     Cell,
@@ -140,12 +140,14 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write_json(folder / "cell.json", record)
     tic = time.perf_counter()
-    # The kernel must import this same flnotes, installed or not (its parent folder first).
-    path = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH"))
-                           if p)
+    # The kernel (this interpreter) must import this same flnotes: a checkout's goes first; an
+    # installed one is found already (its site-packages must not go before the stdlib).
+    path = os.pathsep.join(p for p in (str(REPO_ROOT) if REPO_ROOT else None,
+                                       os.environ.get("PYTHONPATH")) if p)
     # --logger: the kernel's runs log each round themselves (flnotes.engine.tracking).
     tracking = ({"FLNOTES_LOGGERS": ",".join(meta["loggers"]),
-                 "FLNOTES_LOGGER_DIR": meta["logger_dir"]} if meta.get("loggers") else {})
+                 "FLNOTES_LOGGER_DIR": meta["logger_dir"],
+                 "FLNOTES_LOGGER_BASE": meta["logger_base"]} if meta.get("loggers") else {})
     try:
         with _environment(PYTHONPATH=path, **tracking):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
@@ -253,6 +255,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     if loggers:
         meta["loggers"] = list(loggers)
         meta["logger_dir"] = str(Path(logger_dir or out).resolve())
+        meta["logger_base"] = str(out)  # runs are named by their path below it
     records, todo = {}, []
     for cell in cells:
         if not force and cell_status(out, cell) == "completed":
