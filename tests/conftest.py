@@ -36,3 +36,16 @@ def tiny_config() -> RunConfig:
         local_epochs=1, batch_size=32, lr=0.05, momentum=0.5, seed=1,
         data_options={"num_train": 600, "num_test": 200}, device=DEVICE,
     )
+
+
+# The longest files first: with two workers (make test), each takes a long file at the start
+# instead of one worker running the browser test alone at the end.
+LONGEST_FIRST = ("test_browser.py", "test_sweep_ray.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's own order is kept
