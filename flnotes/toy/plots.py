@@ -358,11 +358,14 @@ class TrajectoryFigure:
 
     def __init__(self, fn, panels: int, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
                  clients: bool = True, legend: bool = True, pyplot: bool = True) -> None:
+        from flnotes.toy.landscapes import grid
+
         self.fig, axes = new_figure(1, panels, (4.2 * panels + 0.95, 4.2), pyplot)
         self.axes = list(axes[0])
         self.tracks = []
+        values = grid(fn, xlim, ylim, 121)  # one landscape for every panel: computed once
         for ax in self.axes:
-            draw_landscape(ax, fn, xlim, ylim)
+            draw_landscape(ax, fn, xlim, ylim, values=values)
             if federation is not None:
                 mark_basins(ax, federation)
             self.tracks.append(TrajectoryArtists(ax, clients=clients))
