@@ -41,15 +41,30 @@ def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
     source = _copy_source(root / "source")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    # No build isolation: setuptools is here already, and CI has no index but the registries.
-    subprocess.run([*pip, "wheel", str(source), "--no-deps", "--no-build-isolation",
+    # Without build isolation where this interpreter has setuptools >= 64 (quick, offline);
+    # else pip fetches it into an isolated build environment (a fresh Python 3.12 venv has none).
+    try:
+        from importlib.metadata import version
+
+        isolation = (["--no-build-isolation"]
+                     if int(version("setuptools").split(".")[0]) >= 64 else [])
+    except Exception:  # not installed, or an odd version string
+        isolation = []
+    subprocess.run([*pip, "wheel", str(source), "--no-deps", *isolation,
                     "-w", str(root / "dist")], check=True, cwd=root)
     wheel = next((root / "dist").glob("flnotes-*.whl"))
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+    # pip >= 22.3 installs into another environment (--python); an older one needs its own
+    # copy in the venv (ensurepip, a few seconds more).
+    from importlib.metadata import version
+
+    outer = tuple(int(p) for p in version("pip").split(".")[:2] if p.isdigit())
+    venv.EnvBuilder(system_site_packages=True, with_pip=outer < (22, 3)).create(root / "venv")
     python = root / "venv" / "bin" / "python"
+    installer = ([*pip, "--python", str(python)] if outer >= (22, 3)
+                 else [str(python), "-m", "pip", "--disable-pip-version-check", "-q"])
     # --ignore-installed: into the venv, whatever flnotes the outer interpreter holds
-    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index",
-                    "--ignore-installed", str(wheel)], check=True, cwd=root)
+    subprocess.run([*installer, "install", "--no-deps", "--no-index", "--ignore-installed",
+                    str(wheel)], check=True, cwd=root)
     assert (root / "venv" / "bin" / "flnotes").is_file(), "pip did not install the wheel"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS="1", PATH=f"{root / 'venv' / 'bin'}{os.pathsep}{env['PATH']}")
