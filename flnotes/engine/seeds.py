@@ -33,6 +33,7 @@ from flnotes.engine.batched.stacked import train_supervised
 from flnotes.engine.history import History
 from flnotes.engine.sim import Simulation, check_config, run
 from flnotes.engine.tasks import build_task
+from flnotes.engine.tracking import environment_tracker
 
 
 def seed_configs(config, seeds: list[int]) -> list:
@@ -65,22 +66,13 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True,
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
         return [run(c, progress=progress, track=track) for c in configs]
     # Before training: a bad FLNOTES_LOGGERS is one line at once, not after every seed ran.
-    trackers = [_environment_tracker_for(c) if track else None for c in configs]
+    trackers = [environment_tracker(c) if track else None for c in configs]
     histories = _run_stacked(config, configs, progress)
     for tracker, history in zip(trackers, histories, strict=True):
         if tracker:
             tracker.backfill(history.rows)
             tracker.close(history.status)
     return histories
-
-
-def _environment_tracker_for(config):
-    """``FLNOTES_LOGGERS``'s tracker for one seed's folder (None: unset, or no folder)."""
-    from flnotes.engine.tracking import environment_loggers, environment_tracker
-
-    if not environment_loggers() or config.run_dir is None:
-        return None
-    return environment_tracker(config.run_dir, config.resolved().to_dict())
 
 
 def _run_stacked(config, configs: list, progress: bool) -> list[History]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -91,6 +90,7 @@ from flnotes.engine.stops import (  # noqa: E402,F401
     terminate_like_ctrl_c,
 )
 from flnotes.engine.tasks import build_task, resolve_device
+from flnotes.engine.tracking import environment_tracker
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
 
@@ -352,7 +352,7 @@ def run(config, *, progress: bool = True, task=None,
     check_config(config)
     sim = Simulation(config, task=task)
     try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
-        tracker = _environment_tracker(sim) if track else None
+        tracker = environment_tracker(sim.config) if track else None
     except BaseException:
         sim.release()
         raise
@@ -381,15 +381,6 @@ def run(config, *, progress: bool = True, task=None,
         if tracker:
             tracker.close(status)
         sim.release()
-
-
-def _environment_tracker(sim: Simulation):
-    """The tracker ``FLNOTES_LOGGERS`` asks for (None: unset), for this run's folder."""
-    from flnotes.engine.tracking import ENV_LOGGERS, environment_tracker
-
-    if not os.environ.get(ENV_LOGGERS) or sim.run_dir is None:  # (unset: no import)
-        return None
-    return environment_tracker(sim.run_dir, sim.config.resolved().to_dict())
 
 
 def ignored_settings(config) -> list[str]:

@@ -321,13 +321,21 @@ def environment_loggers() -> list[str]:
     return parse_loggers([value]) if value else []
 
 
-def environment_tracker(run_dir: str | Path, settings: dict) -> Tracker | None:
+def logger_environment(loggers: Iterable[str], logger_dir: str, base: str) -> dict[str, str]:
+    """The variables that make every run of a process (a sweep's kernel) log: ``loggers``
+    into ``logger_dir``, each run named by its path below ``base``."""
+    return {ENV_LOGGERS: ",".join(loggers), ENV_LOGGER_DIR: str(logger_dir),
+            ENV_LOGGER_BASE: str(base)}
+
+
+def environment_tracker(config) -> Tracker | None:
     """The Tracker that ``FLNOTES_LOGGERS`` (a comma list), ``FLNOTES_LOGGER_DIR`` and
-    ``FLNOTES_LOGGER_BASE`` ask for (None when unset): how runs inside a sweep's notebooks log
-    without a flag of their own."""
+    ``FLNOTES_LOGGER_BASE`` ask for, for ``config``'s run folder (None when unset or the run
+    has no folder): how runs inside a sweep's notebooks log without a flag of their own."""
     names = environment_loggers()
-    if not names:
+    if not names or config.run_dir is None:
         return None
+    run_dir, settings = config.run_dir, config.resolved().to_dict()
     logger_dir = os.environ.get(ENV_LOGGER_DIR) or None
     base = os.environ.get(ENV_LOGGER_BASE) or logger_dir
     label = _run_label(Path(run_dir), Path(base)) if base else None

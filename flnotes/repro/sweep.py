@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from flnotes.engine.tracking import logger_environment
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import (
@@ -145,9 +146,8 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
     path = os.pathsep.join(p for p in (str(REPO_ROOT) if REPO_ROOT else None,
                                        os.environ.get("PYTHONPATH")) if p)
     # --logger: the kernel's runs log each round themselves (flnotes.engine.tracking).
-    tracking = ({"FLNOTES_LOGGERS": ",".join(meta["loggers"]),
-                 "FLNOTES_LOGGER_DIR": meta["logger_dir"],
-                 "FLNOTES_LOGGER_BASE": meta["logger_base"]} if meta.get("loggers") else {})
+    tracking = (logger_environment(meta["loggers"], meta["logger_dir"], meta["logger_base"])
+                if meta.get("loggers") else {})
     try:
         with _environment(PYTHONPATH=path, **tracking):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
