@@ -51,9 +51,6 @@ def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> in
         from flnotes.repro.notebooks import run_teaching_notebooks
 
         # save_figures: each notebook writes its key figures as PNGs next to its copy.
-        if quick:
-            run_teaching_notebooks(out / "notebooks", {"save_figures": True,
-                                                       **QUICK_NOTEBOOK_PARAMETERS}, first=1)
-        else:
-            run_teaching_notebooks(out / "notebooks", {"save_figures": True})
+        parameters = {"save_figures": True, **(QUICK_NOTEBOOK_PARAMETERS if quick else {})}
+        run_teaching_notebooks(out / "notebooks", parameters, first=1 if quick else None)
     return 0

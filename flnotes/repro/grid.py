@@ -164,7 +164,7 @@ def resolve_grid(name: str | Path) -> Path:
     if path.suffix != ".yaml" and path.with_name(path.name + ".yaml").is_file():
         return path.with_name(path.name + ".yaml")  # your own NAME.yaml before a shipped NAME
     shipped = shipped_grids()
-    stem = path.name[:-len(".yaml")] if path.name.endswith(".yaml") else path.name
+    stem = path.name.removesuffix(".yaml")
     # a bare name, or the clone's relative sweeps/NAME.yaml; never another folder's path
     if stem in shipped and (len(path.parts) == 1 or path.parts == ("sweeps", path.name)):
         return shipped[stem]
