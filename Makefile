@@ -7,11 +7,21 @@ PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 # The demo needs flnotes alone; the tests add their extra (pytest, ruff, Ray, Flower, ...).
 # No Jupyter kernel is installed: notebooks run in a kernel of this interpreter that flnotes
 # makes for itself (flnotes/repro/kernel.py), never over the user's own "python3".
+# JupyterLab saves the explorers' widget state with a notebook, so that a copy saved while
+# they ran opens again with its controls rather than "Error displaying widget: model not
+# found": a package default (jupyter-config/) in JupyterLab's overrides.d. A wheel installs it
+# itself; an editable install copies no data files, so these targets do.
+LAB_DEFAULTS = $(PYTHON) -c "import pathlib, shutil, sys; \
+  d = pathlib.Path(sys.prefix, 'share/jupyter/lab/settings/overrides.d'); \
+  d.mkdir(parents=True, exist_ok=True); shutil.copy('jupyter-config/flnotes-widget-state.json', d)"
+
 install:
 	$(PIP_INSTALL) -e .
+	@$(LAB_DEFAULTS)
 
 install-test:
 	$(PIP_INSTALL) -e '.[test]'
+	@$(LAB_DEFAULTS)
 
 demo: install
 	$(PYTHON) -m flnotes demo --out out/demo

@@ -15,7 +15,9 @@ benchmark, ``benchmarks/widget_latency.py``, holds the real target) without an e
 kernel, and a control that is disabled must say why beside it. A control disabled at first
 (alpha under FedAvg) is moved once a dropdown has enabled it. Then every slider goes to both
 ends and to a typed value (its readout), every dropdown to its first and last option.
-Finally the notebook is saved and the page reloaded: no widget may fail to show.
+Finally the notebook is saved and the page reloaded: no widget may fail to show; then its
+kernel is shut down and the notebook opened again, as a student reopens a saved copy another
+day: the stored figures and the controls as saved show, and no widget error.
 
 The module skips, with one line saying what is missing, where Chromium or Playwright is not
 installed; ``.ci/run`` installs Debian's ``chromium`` and sets ``FLNOTES_REQUIRE_BROWSER=1``,
@@ -649,6 +651,41 @@ def _reload_after_save(page, root: Path, name: str) -> None:
         page.locator(".widget-hbox").first.wait_for(timeout=60_000)
 
 
+def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
+    """Saved, closed, its kernel shut down, opened again later: the stored figures and the
+    controls as saved (JupyterLab saves the widget state: flnotes' package default in
+    overrides.d), never "Error displaying widget: model not found"."""
+    saved = json.loads((root / f"{name}.ipynb").read_text())
+    if name not in NO_EXPLORER:
+        assert "widgets" in saved["metadata"], (
+            f"{name}: JupyterLab saved no widget state, so a reopened copy shows widget "
+            "errors: is jupyter-config/flnotes-widget-state.json installed in JupyterLab's "
+            "settings/overrides.d (make install)?")
+    for running in _api(base, "/api/kernels") or []:
+        _api(base, f"/api/kernels/{running['id']}", method="DELETE")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{base}/lab/tree/{name}.ipynb?reset&token={TOKEN}", timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        deadline = time.monotonic() + 30
+        while page.get_by_text("Loading widget...").count() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)
+        assert page.get_by_text("Error displaying widget").count() == 0, \
+            f"{name}: reopened on a fresh kernel, a widget fails to show"
+        for cell in page.locator(".jp-CodeCell").all():
+            if "_explorer(" in cell.locator(".jp-InputArea").inner_text():
+                assert cell.locator(".jp-OutputArea img").count(), \
+                    f"{name}: reopened, an explorer shows no figure"
+                assert cell.locator(".widget-hbox").count(), \
+                    f"{name}: reopened, an explorer shows no controls"
+    except BaseException:
+        _shot(page, root, f"{name}.reopened")
+        raise
+    finally:
+        page.close()
+
+
 @pytest.mark.parametrize("name", TEACHING)
 def test_notebook_runs_and_every_control_redraws(browser, lab, name):
     base, root = lab
@@ -681,6 +718,10 @@ def test_notebook_runs_and_every_control_redraws(browser, lab, name):
                 mover.extremes(cell)
         cell = None
         _reload_after_save(page, root, name)
+        kernel.close()
+        kernel = None
+        page.close()  # the student closes the tab; another day they open the saved copy
+        _reopen_on_fresh_kernel(browser, base, root, name)
         if name not in NO_EXPLORER:
             assert mover.times, f"{name}: no control was found to move"
         slowest = max(mover.times, key=lambda kv: kv[1], default=("-", 0.0))

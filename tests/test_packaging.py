@@ -143,3 +143,25 @@ def test_stacked_seeds_log_each_seed_from_the_environment(tmp_path, monkeypatch)
         events.Reload()
         logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
         assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in history.rows]
+
+
+def test_the_widget_state_default_names_a_real_jupyterlab_setting():
+    """jupyter-config/'s override sets a boolean that jupyterlab_widgets' own schema
+    declares (a renamed plugin or setting would silently do nothing), and this environment's
+    JupyterLab reads it (the wheel installs it; `make install` copies it in a clone)."""
+    import sys
+
+    from jupyterlab.commands import get_app_dir
+    from jupyterlab_server.settings_utils import _get_overrides
+
+    ours = json.loads((Path(__file__).parents[1] / "jupyter-config"
+                       / "flnotes-widget-state.json").read_text())
+    (plugin, values), = ours.items()
+    package, name = plugin.split(":")
+    schema = Path(sys.prefix, "share/jupyter/labextensions", package, "schemas", package,
+                  f"{name}.json")
+    declared = json.loads(schema.read_text())["properties"]
+    assert values == {"saveState": True} and declared["saveState"]["type"] == "boolean"
+    read, error = _get_overrides(str(Path(get_app_dir()) / "settings"))
+    assert not error and read.get(plugin, {}).get("saveState") is True, (
+        "JupyterLab here does not read flnotes' widget-state default: run `make install`")

@@ -7,6 +7,7 @@ which pip would otherwise fetch for minutes) but its own flnotes comes first; th
 that the flnotes it runs is the wheel's.
 """
 
+import json
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ def _copy_source(dest: Path) -> Path:
     dest.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(SOURCE / name, dest / name)
+    shutil.copytree(SOURCE / "jupyter-config", dest / "jupyter-config")
     shutil.copytree(SOURCE / "flnotes", dest / "flnotes",
                     ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "runs"))
     return dest
@@ -121,3 +123,15 @@ def test_notebooks_command_copies_the_series(installed):
     _run(installed, "notebooks", "course")
     copied = {p.name for p in (installed[2] / "course").glob("*.ipynb")}
     assert copied == {p.name for p in (SOURCE / "flnotes" / "notebooks").glob("*.ipynb")}
+
+
+def test_the_wheel_installs_jupyterlabs_widget_state_default(installed):
+    """The wheel puts its JupyterLab default (save the explorers' widget state, so a reopened
+    copy shows no widget error) in the venv's JupyterLab settings/overrides.d, where a
+    JupyterLab installed in that venv reads it (tests/test_packaging.py checks the reading)."""
+    command, _, _ = installed
+    prefix = command.parents[1]
+    placed = prefix / "share/jupyter/lab/settings/overrides.d/flnotes-widget-state.json"
+    assert placed.is_file(), "the wheel did not install its JupyterLab default"
+    source = SOURCE / "jupyter-config" / "flnotes-widget-state.json"
+    assert json.loads(placed.read_text()) == json.loads(source.read_text())

@@ -9,8 +9,10 @@ labels included): a :class:`Scene`'s kept figure is checked against a fresh full
 
 An explorer's notebook cell imports what it needs and takes the parameters cell's values
 through :func:`cell_values`, so "run this cell" works on a fresh kernel too;
-``notebooks/refresh_outputs.py`` stores its controls as one plain sentence (a reopened copy
-has no widget models to show).
+``notebooks/refresh_outputs.py`` stores its controls as one plain sentence (the shipped
+copies hold no widget state). A copy the student saves keeps the controls' state (flnotes
+turns on JupyterLab's "Save Widget State Automatically": ``jupyter-config/``), so reopened it
+shows them as saved, not "Error displaying widget: model not found".
 ``explorer.png(**values)`` is exactly what a move computes (draw, then one PNG rendering),
 without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 """
@@ -152,8 +154,9 @@ class Explorer:
                                display_id=True)
         plt.close(fig)
         display(HTML("<small><i>The controls below are live while this notebook's kernel "
-                     "runs; if they are missing or show an error, run this cell (it runs "
-                     "alone, on a fresh kernel too).</i></small>"))
+                     "runs. Reopened later, a saved copy shows them as they were saved: run "
+                     "this cell to move them again (it runs alone, on a fresh kernel too)."
+                     "</i></small>"))
         # The controls, with a text fallback in place of ipywidgets' "VBox(children=...)"
         # for any viewer that cannot draw them; notebooks/refresh_outputs.py stores this
         # sentence in their place.
