@@ -206,8 +206,10 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
 
 
 @pytest.mark.parametrize("explorer, moves", [
+    # a new shift draws a new landscape into the kept frames; 1.0 again restores its layer
     ("training_explorer", [{"rounds": 3}, {"algorithm": "fedqp"}, {"shift": 0.5},
-                           {"algorithm": "fedavg"}, {"shift": 1.0, "algorithm": "fedmr"}]),
+                           {"algorithm": "fedavg"}, {"shift": 1.0, "algorithm": "fedmr"},
+                           {"shift": 0.0}, {"shift": 2.0}, {"shift": 1.0}]),
     ("mutation_explorer", [{"qp_prob": 1.0}, {"layerwise": True}, {"alpha": 2.0},
                            {"kind": "sign"}]),
     ("client_explorer", [{"shift": 0.5}, {"level": -0.9}, {"num_clients": 3},

@@ -350,25 +350,24 @@ def draw_trajectory(ax, points: Mapping[str, object], rounds: int | None = None,
 
 class TrajectoryFigure:
     """One panel per run, each run's trajectory over the loss ``fn``; :meth:`set` shows new
-    runs (and titles) in the same panels, changing the trajectory artists only.
+    runs (and titles) in the same panels, changing the trajectory artists only, and
+    :meth:`set_landscape` draws another loss into the same frames.
 
-    ``moving`` lists the artists that :meth:`set` changes: what an explorer redraws over
-    the rest (landscapes, basins, legend), which it renders once.
+    ``moving`` lists the artists that :meth:`set` changes, ``layered`` those that
+    :meth:`set_landscape` draws (contours, basins, the colour bar, and the frames that go
+    over them): an explorer renders the frames once, each landscape onto them once, and
+    each run onto that.
     """
 
     def __init__(self, fn, panels: int, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
                  clients: bool = True, legend: bool = True, pyplot: bool = True) -> None:
-        from flnotes.toy.landscapes import grid
-
         self.fig, axes = new_figure(1, panels, (4.2 * panels + 0.95, 4.2), pyplot)
         self.axes = list(axes[0])
-        self.tracks = []
-        values = grid(fn, xlim, ylim, 121)  # one landscape for every panel: computed once
-        for ax in self.axes:
-            draw_landscape(ax, fn, xlim, ylim, values=values)
-            if federation is not None:
-                mark_basins(ax, federation)
-            self.tracks.append(TrajectoryArtists(ax, clients=clients))
+        self.xlim, self.ylim = xlim, ylim
+        self.landscape: list = []  # what set_landscape drew, removed by the next one
+        self.cax, self.colorbar = None, None
+        self._draw_landscape(fn, federation)
+        self.tracks = [TrajectoryArtists(ax, clients=clients) for ax in self.axes]
         # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
         self.fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
         if legend:
@@ -379,9 +378,48 @@ class TrajectoryFigure:
                             ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
                             bbox_to_anchor=(0.5, 0.0))  # grey: the white flat-basin dashes show
             self.fig.subplots_adjust(bottom=0.24)
-        shared_colorbar(self.fig, self.axes, label="loss")
+        self.cax = colorbar_slot(self.fig)
+        self._draw_colorbar()
         self.moving = [a for track in self.tracks for a in track.artists]
         self.moving += [ax.title for ax in self.axes]
+
+    def _draw_landscape(self, fn, federation) -> None:
+        from flnotes.toy.landscapes import grid
+
+        for artist in self.landscape:  # the last landscape's
+            artist.remove()
+        before = {ax: set(ax.get_children()) for ax in self.axes}
+        values = grid(fn, self.xlim, self.ylim, 121)  # one landscape for every panel
+        for ax in self.axes:
+            draw_landscape(ax, fn, self.xlim, self.ylim, values=values)
+            if federation is not None:
+                mark_basins(ax, federation)
+        self.landscape = [a for ax in self.axes for a in ax.get_children()
+                          if a not in before[ax]]
+
+    def _draw_colorbar(self) -> None:
+        from matplotlib.contour import ContourSet
+        from matplotlib.ticker import MaxNLocator
+
+        mappable = next(c for c in self.axes[0].collections
+                        if isinstance(c, ContourSet) and c.filled)
+        if self.colorbar is None:
+            self.colorbar = landscape_colorbar(mappable, self.cax)
+        else:  # the same bar at the new levels: its ticks are kept, not made anew
+            bar = self.colorbar
+            # What a new bar takes from a ContourSet (update_normal keeps the old ones).
+            bar.boundaries, bar.values = mappable.levels, mappable.cvalues
+            bar.update_normal(mappable)  # resets the locator: set it again
+            bar.ax.yaxis.set_major_locator(MaxNLocator(5))
+        # The frames go over the contours, as in a full draw.
+        spines = [spine for ax in self.axes for spine in ax.spines.values()]
+        self.layered = [*self.landscape, *spines, self.cax]
+
+    def set_landscape(self, fn, federation=None) -> Figure:
+        """Draw the loss ``fn`` (and ``federation``'s basins) in place of the last one."""
+        self._draw_landscape(fn, federation)
+        self._draw_colorbar()
+        return self.fig
 
     def set(self, runs: Mapping[str, Mapping], rounds: int | None = None) -> Figure:
         """Show ``runs`` ({title: trajectory points}), one per panel, in order."""

@@ -196,20 +196,27 @@ def figure_png(fig: Figure, compress: int = 1) -> bytes:
 class Scene:
     """A drawing an explorer keeps between redraws, for moves that change a few artists.
 
-    A subclass says what needs a new figure (``key``: a new landscape, another number of
-    panels), draws one (``build``: an object with ``fig`` and ``moving``, the artists that
+    A subclass says what needs a new figure (``key``: another number of panels, a new
+    window), draws one (``build``: an object with ``fig`` and ``moving``, the artists that
     ``update`` changes) and moves its artists to new values (``update``). A redraw on the
     same key restores the figure's rendered background (every artist but the moving ones,
-    rendered once per key) and draws only the moving artists onto it: the landscapes'
-    contours, ticks and labels are not drawn again. The last few keys' figures are kept,
-    so moving back to a setting seen before (2 clients, 3, 2 again) builds nothing.
+    rendered once) and draws only the moving artists onto it: the contours, ticks and
+    labels are not drawn again. The last few keys' figures are kept, so moving back to a
+    setting seen before (2 clients, 3, 2 again) builds nothing.
+
+    A scene may also keep a *layer* in its figure (``layer``: what it shows, such as the
+    client shift of the landscape; ``relayer`` draws another into the figure, listing its
+    artists in ``drawing.layered``): the frames (axes, ticks, labels, legend) are rendered
+    once per figure, each layer onto them once, and the moving artists onto that, so a new
+    landscape neither builds a figure nor renders its ticks again.
     ``figure(**values)`` is the same drawing as an ordinary, fully drawn pyplot figure.
     """
 
     KEPT = 4  # figures kept, one per key
+    KEPT_LAYERS = 4  # rendered layers kept per figure
 
     def __init__(self) -> None:
-        self._kept: dict = {}  # key -> (drawing, rendered background), oldest first
+        self._kept: dict = {}  # key -> _Kept, oldest first
 
     def key(self, values: dict):  # pragma: no cover - every scene defines these three
         raise NotImplementedError
@@ -218,6 +225,13 @@ class Scene:
         raise NotImplementedError
 
     def update(self, drawing, values: dict) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def layer(self, values: dict):
+        """What the figure's layer shows for ``values`` (None: this scene has no layer)."""
+        return None
+
+    def relayer(self, drawing, values: dict) -> None:  # pragma: no cover - layered scenes
         raise NotImplementedError
 
     def figure(self, **values) -> Figure:
@@ -231,15 +245,22 @@ class Scene:
         import numpy as np
         from PIL import Image as PILImage
 
-        key = self.key(values)
-        if key in self._kept:
-            drawing, background = self._kept.pop(key)
-            self.update(drawing, values)
-        else:
-            drawing = self.build(values, pyplot=False)
-            self.update(drawing, values)
-            background = self._render_background(drawing)
-        self._kept[key] = drawing, background  # now the newest
+        key, layer = self.key(values), self.layer(values)
+        kept = self._kept.pop(key, None)
+        if kept is None:  # build draws the layer of ``values``
+            kept = _Kept(self.build(values, pyplot=False), layer)
+        drawing = kept.drawing
+        if layer != kept.shown:
+            self.relayer(drawing, values)
+            kept.shown = layer
+        self.update(drawing, values)
+        if layer not in kept.backgrounds:
+            kept.backgrounds[layer] = self._render_layer(kept)
+            while len(kept.backgrounds) > self.KEPT_LAYERS:
+                del kept.backgrounds[next(iter(kept.backgrounds))]
+        background = kept.backgrounds.pop(layer)
+        kept.backgrounds[layer] = background  # now the newest
+        self._kept[key] = kept  # now the newest
         while len(self._kept) > self.KEPT:
             del self._kept[next(iter(self._kept))]
         fig = drawing.fig
@@ -253,9 +274,26 @@ class Scene:
             buffer, format="png", compress_level=1)
         return buffer.getvalue()
 
+    @classmethod
+    def _render_layer(cls, kept: _Kept):
+        """Everything but the moving artists, rendered: the frames once per figure (without
+        the layer), then the layer's artists onto them."""
+        drawing = kept.drawing
+        layered = list(getattr(drawing, "layered", ()))
+        if not layered:
+            return cls._render_background(drawing, drawing.moving)
+        if kept.frames is None:
+            kept.frames = cls._render_background(drawing, [*drawing.moving, *layered])
+        fig = drawing.fig
+        fig.canvas.restore_region(kept.frames)
+        for artist in sorted(layered, key=lambda a: a.get_zorder()):
+            if artist.get_visible():
+                fig.draw_artist(artist)
+        return fig.canvas.copy_from_bbox(fig.bbox)
+
     @staticmethod
-    def _render_background(drawing):
-        """Render everything but the moving artists once; their visibility and places kept.
+    def _render_background(drawing, hidden: list):
+        """Render everything but the ``hidden`` artists; their visibility and places kept.
 
         A full draw also places some moving artists: an axes places its title by the title's
         extent, and a hidden title has none, so the draw used to move a hidden title off the
@@ -264,18 +302,28 @@ class Scene:
         """
         from matplotlib.text import Text
 
-        shown = [artist.get_visible() for artist in drawing.moving]
-        placed = [(artist, artist.get_position()) for artist in drawing.moving
+        shown = [artist.get_visible() for artist in hidden]
+        placed = [(artist, artist.get_position()) for artist in hidden
                   if isinstance(artist, Text)]
-        for artist in drawing.moving:
+        for artist in hidden:
             artist.set_visible(False)
         drawing.fig.canvas.draw()
         background = drawing.fig.canvas.copy_from_bbox(drawing.fig.bbox)
-        for artist, visible in zip(drawing.moving, shown, strict=True):
+        for artist, visible in zip(hidden, shown, strict=True):
             artist.set_visible(visible)
         for artist, position in placed:
             artist.set_position(position)
         return background
+
+
+class _Kept:
+    """A scene's kept figure: its drawing, the layer it shows, its rendered frames and
+    backgrounds (one per layer, oldest first)."""
+
+    def __init__(self, drawing, shown) -> None:
+        self.drawing, self.shown = drawing, shown
+        self.frames = None
+        self.backgrounds: dict = {}
 
 
 # The reference every explorer compares a method with (its panel, its side of the race).
@@ -490,16 +538,24 @@ def client_explorer(**defaults) -> Explorer:
 
 
 class TrainingScene(Scene):
-    """FedAvg next to another method on the two-client toy: the landscapes are drawn once
-    per client shift; a move redraws the trajectories and titles."""
+    """FedAvg next to another method on the two-client toy: the frames are drawn once per
+    number of panels, the landscapes once per client shift (the layer); a move redraws the
+    trajectories and titles."""
 
     def key(self, values: dict):
-        return float(values["shift"]), values["algorithm"] == BASELINE
+        return values["algorithm"] == BASELINE  # one panel, or two
+
+    def layer(self, values: dict):
+        return float(values["shift"])
 
     def build(self, values: dict, pyplot: bool):
         fed = make_federation("fedmut-fig1", shift=float(values["shift"]))
         panels = 1 if values["algorithm"] == BASELINE else 2
         return plots.TrajectoryFigure(fed.global_loss, panels, federation=fed, pyplot=pyplot)
+
+    def relayer(self, drawing, values: dict) -> None:
+        fed = make_federation("fedmut-fig1", shift=float(values["shift"]))
+        drawing.set_landscape(fed.global_loss, federation=fed)
 
     def update(self, drawing, values: dict) -> None:
         drawing.set(training_runs(**values))
