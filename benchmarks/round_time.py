@@ -35,13 +35,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flnotes.algorithms import build_strategy  # noqa: E402
-from flnotes.config import RunConfig# noqa: E402
+from flnotes.config import RunConfig  # noqa: E402
 from flnotes.engine.batched.functional import StepContext, vmap_ready  # noqa: E402
-from flnotes.models import build_model  # noqa: E402
-from flnotes.engine.tasks import Task# noqa: E402
-from flnotes.engine.train import train_clients_loop# noqa: E402
 from flnotes.engine.batched.stacked import train_supervised  # noqa: E402
-from flnotes.engine.batched.vmap import train_clients_vmap# noqa: E402
+from flnotes.engine.batched.vmap import train_clients_vmap  # noqa: E402
+from flnotes.engine.tasks import Task  # noqa: E402
+from flnotes.engine.train import train_clients_loop  # noqa: E402
+from flnotes.models import build_model  # noqa: E402
 
 # backend name -> (RunConfig.backend, RunConfig.compile)
 BACKENDS = {"loop": ("loop", "off"), "vmap": ("vmap", "off"),

@@ -30,6 +30,7 @@ import ipywidgets as W  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from flnotes import toy  # noqa: E402
 from flnotes.toy import widgets  # noqa: E402
 
 EXPLORERS = {
@@ -57,8 +58,9 @@ def settings(control: W.ValueWidget) -> list:
 
 
 def clear_caches(explorer) -> None:
-    """Forget every result the explorers keep (runs, minima, race rows) and the explorer's
-    kept figures."""
+    """Forget every result the explorers keep (runs, minima, race rows, the races
+    :func:`flnotes.toy.race` keeps) and the explorer's kept figures."""
+    toy.forget_races()
     for name in dir(widgets):
         cached = getattr(widgets, name)
         if hasattr(cached, "cache_clear"):

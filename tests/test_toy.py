@@ -172,9 +172,35 @@ def test_stacked_race_equals_runs_one_by_one():
 
 
 def test_race_in_worker_processes_gives_the_same_rows():
+    toy.forget_races()
     serial = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2)
+    toy.forget_races()  # else the second race reads the first one's rows
     parallel = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2, processes=2)
     assert parallel == serial
+
+
+def test_a_race_keeps_each_methods_rows_for_the_same_setting(monkeypatch):
+    """Notebook 04's explorer reads the table's race: a method's rows are kept per setting
+    (its default alpha written out is the same setting); another setting runs."""
+    from flnotes.toy import experiments
+
+    toy.forget_races()
+    first = toy.race(["fedavg", "fedqp"], seeds=2, rounds=2)
+    ran = []
+    real = experiments.method_rows
+    monkeypatch.setattr(experiments, "method_rows",
+                        lambda job: ran.append(job[0]) or real(job))
+    own_alpha = toy.toy_config("fedqp").alpha
+    assert toy.race(["fedqp"], seeds=2, rounds=2, alpha=own_alpha) == first[2:]
+    assert toy.race(["fedavg"], seeds=2, rounds=2) == first[:2] and ran == []
+    kept = toy.race(["fedqp"], seeds=2, rounds=2)
+    kept[0]["x"] = 99.0  # a copy: the kept rows do not change
+    assert toy.race(["fedqp"], seeds=2, rounds=2)[0] == first[2] and ran == []
+    toy.race(["fedqp"], seeds=2, rounds=3)
+    toy.race(["fedqp"], seeds=2, rounds=2, alpha=own_alpha + 1)
+    assert ran == ["fedqp", "fedqp"]
+    toy.forget_races()
+    assert toy.race(["fedavg"], seeds=2, rounds=2) == first[:2] and ran[-1] == "fedavg"
 
 
 def test_unknown_toy_options_are_named_with_what_the_toy_takes():

@@ -243,11 +243,57 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
     (tests/test_toy.py). ``processes`` > 1 spreads the methods (stacked) or the runs over
     worker processes; the rows are the same whatever the number of processes. ``progress``
     shows a bar over the methods (or runs).
+
+    A method's rows are kept (the last :data:`RACES_KEPT` methods' races): a run is a function
+    of its config and seed, so a later race of the same method, seeds and setting (notebook
+    04's explorer after the table's race) reuses them; :func:`forget_races` drops them.
     """
     from flnotes.algorithms import algorithm_names
 
     algorithms = list(algorithms) if algorithms is not None else algorithm_names()
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
+    keys = {a: _race_key(a, seeds, stack, overrides) for a in algorithms}
+    found = {a: _RACES[keys[a]] for a in algorithms if keys[a] in _RACES}
+    todo = [a for a in dict.fromkeys(algorithms) if a not in found]
+    if todo:
+        for algorithm, rows in zip(todo, _run_races(todo, seeds, processes, stack, progress,
+                                                    overrides), strict=True):
+            found[algorithm] = rows
+            if keys[algorithm] is not None:
+                _RACES[keys[algorithm]] = rows
+                while len(_RACES) > RACES_KEPT:
+                    del _RACES[next(iter(_RACES))]
+    elif progress:
+        print(f"race: the {len(algorithms)} methods' rows from an earlier race")
+    return [dict(row) for a in algorithms for row in found[a]]
+
+
+RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB of rows)
+_RACES: dict = {}  # _race_key -> one method's rows, oldest first
+
+
+def forget_races() -> None:
+    """Drop the rows :func:`race` keeps (benchmarks measure first visits)."""
+    _RACES.clear()
+
+
+def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tuple:
+    """What decides a method's race rows: its whole toy config (a default written out or
+    left to the method is the same key), the seeds and stacking (stacked rows equal
+    one-by-one rows to float tolerance, not bit for bit)."""
+    import json
+
+    try:
+        config = toy_config(algorithm, **json.loads(json.dumps(overrides))).to_dict()
+    except TypeError:  # an override JSON cannot hold: not kept
+        return None
+    config.pop("seed", None)
+    return json.dumps(config, sort_keys=True), tuple(int(s) for s in seeds), bool(stack)
+
+
+def _run_races(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
+               progress: bool, overrides: dict) -> list[list[dict]]:
+    """Each method's rows, run now."""
     with warnings.catch_warnings():
         # The toy's model is two numbers without a classifier head, so FedGen and MOON run
         # as FedAvg on it (their modules say so, as do notebook 04 and the README): once
@@ -257,13 +303,14 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
         tic = time.perf_counter()
         rows = _race(algorithms, seeds, processes, stack, progress, overrides)
     if progress:
-        print(f"race: {len(rows)} runs ({len(algorithms)} methods x {len(seeds)} seeds) in "
+        print(f"race: {sum(map(len, rows))} runs ({len(algorithms)} methods x {len(seeds)} "
+              f"seeds) in "
               f"{time.perf_counter() - tic:.0f} s")
     return rows
 
 
 def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
-          progress: bool, overrides: dict) -> list[dict]:
+          progress: bool, overrides: dict) -> list[list[dict]]:
     # The text bar, in a notebook too: a notebook's widget bar is stored as a widget view
     # whose model a reopened copy lacks ("Error displaying widget: model not found").
     from tqdm.std import tqdm
@@ -303,7 +350,9 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
                 results[i] = result
                 bar.update()
     bar.close()
-    return [row for rows in results for row in rows] if stack else results
+    if stack or not seeds:  # one list of rows per method
+        return results if stack else [[] for _ in algorithms]
+    return [results[i:i + len(seeds)] for i in range(0, len(results), len(seeds))]
 
 
 def race_table(rows: Sequence[dict]) -> pd.DataFrame:
