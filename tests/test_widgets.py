@@ -190,12 +190,11 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
                 for a in algorithms]
 
     monkeypatch.setattr(toy, "race", fake_race)
-    monkeypatch.setattr(plots, "plot_endpoints", lambda *a, **k: Figure())
     widgets._race_rows.cache_clear()
     try:
-        widgets.draw_race("fedup", alpha=3.0, seeds=2, rounds=2)
-        widgets.draw_race("fedqp", alpha=3.0, seeds=2, rounds=2)
-        widgets.draw_race("fedqp", alpha=2.0, seeds=2, rounds=2)
+        widgets.race_rows("fedup", alpha=3.0, seeds=2, rounds=2)
+        widgets.race_rows("fedqp", alpha=3.0, seeds=2, rounds=2)
+        widgets.race_rows("fedqp", alpha=2.0, seeds=2, rounds=2)
     finally:
         widgets._race_rows.cache_clear()  # no fake rows for later tests
     runs = {(a[0], o.get("alpha")) for a, o in calls}
@@ -214,6 +213,9 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
                            {"kind": "sign"}]),
     ("client_explorer", [{"shift": 0.5}, {"level": -0.9}, {"num_clients": 3},
                          {"depth_spread": 0.4}, {"num_clients": 2}]),  # back to a kept one
+    # FedQP at alpha 8 sends runs off the map: edge triangles and a third title line
+    ("race_explorer", [{"alpha": 8.0}, {"rounds": 6}, {"algorithm": "clusamp"},
+                       {"seeds": 5}, {"algorithm": "fedqp", "alpha": 2.0}]),
 ])
 def test_a_kept_figure_redraws_what_a_fresh_figure_draws(explorer, moves):
     """A scene's redraw (background rendered once per landscape, moving artists drawn onto

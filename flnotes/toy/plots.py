@@ -556,17 +556,29 @@ def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
            | (pts[:, 1] < ylim[0]) | (pts[:, 1] > ylim[1]))
     if not off.any():
         return 0, float("nan")
+    from matplotlib.collections import PathCollection
+    from matplotlib.markers import MarkerStyle
+    from matplotlib.transforms import IdentityTransform
+
     # Inset a little, so a triangle on the edge is drawn whole.
     pad_x, pad_y = 0.04 * (xlim[1] - xlim[0]), 0.04 * (ylim[1] - ylim[0])
+    outside = pts[off]
+    edges = np.stack([np.clip(outside[:, 0], xlim[0] + pad_x, xlim[1] - pad_x),
+                      np.clip(outside[:, 1], ylim[0] + pad_y, ylim[1] - pad_y)], axis=1)
     centre = np.array([sum(xlim) / 2, sum(ylim) / 2])
-    for point, color in zip(pts[off], np.asarray(colors, dtype=object)[off], strict=True):
-        edge = (np.clip(point[0], xlim[0] + pad_x, xlim[1] - pad_x),
-                np.clip(point[1], ylim[0] + pad_y, ylim[1] - pad_y))
-        angle = np.degrees(np.arctan2(*(point - centre)[::-1]))
-        # Marker (3, 0, a): a triangle pointing up, turned by a degrees.
-        ax.scatter(*edge, s=40, marker=(3, 0, angle - 90), c=color, lw=0.5, edgecolors="k",
-                   zorder=4)
-    return int(off.sum()), float(np.median(np.linalg.norm(pts[off], axis=1)))
+    angles = np.degrees(np.arctan2(outside[:, 1] - centre[1], outside[:, 0] - centre[0]))
+    # Marker (3, 0, a): a triangle pointing up, turned by a degrees; one collection with a
+    # triangle per point (what scatter draws for one marker), not a scatter per point.
+    paths = []
+    for angle in angles:
+        marker = MarkerStyle((3, 0, float(angle) - 90))
+        paths.append(marker.get_path().transformed(marker.get_transform()))
+    triangles = PathCollection(paths, sizes=[40], facecolors=list(np.asarray(colors,
+                               dtype=object)[off]), edgecolors="k", linewidths=0.5,
+                               offsets=edges, offset_transform=ax.transData, zorder=4)
+    triangles.set_transform(IdentityTransform())
+    ax.add_collection(triangles, autolim=False)
+    return int(off.sum()), float(np.median(np.linalg.norm(outside, axis=1)))
 
 
 def share_interval(successes: int, runs: int, z: float = 1.96) -> tuple[float, float]:
@@ -579,6 +591,83 @@ def share_interval(successes: int, runs: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+class EndpointsFigure:
+    """Where each method's final global models ended (one dot per seed), one panel per method,
+    over the landscape. Built once for a number of panels (landscapes, basins, legend, colour
+    bar); :meth:`set` moves the dots, the edge triangles and the titles to a race's rows,
+    and ``moving`` lists those artists (what an explorer redraws over the rest).
+    """
+
+    def __init__(self, fn, panels: int, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
+                 columns: int = 4, interval: bool = False, pyplot: bool = True) -> None:
+        from matplotlib.lines import Line2D
+
+        self.xlim, self.ylim, self.interval = xlim, ylim, interval
+        n_rows = -(-panels // columns)
+        self.fig, axes = new_figure(n_rows, columns, (3.2 * columns + 0.95, 3.2 * n_rows + 0.9),
+                                    pyplot)
+        for ax in axes.flat[panels:]:
+            ax.axis("off")
+        self.axes = list(axes.flat[:panels])
+        self.dots = []
+        for ax in self.axes:
+            draw_landscape(ax, fn, xlim, ylim, num=81)
+            if federation is not None:
+                mark_basins(ax, federation)
+            self.dots.append(ax.scatter([], [], s=10, c=[], lw=0.3, edgecolors="k",
+                                        zorder=3))
+            ax.set_xlim(*xlim)  # the dots must not widen the frame they are drawn in
+            ax.set_ylim(*ylim)
+        # What every mark means, once, below the panels.
+        marks = [Line2D([], [], ls="", marker="o", ms=5, mfc=c, mec="k", mew=0.3, label=text)
+                 for c, text in (("white", "final model in the flat basin"),
+                                 ("red", "final model elsewhere"))]
+        marks.append(Line2D([], [], ls="", marker=(3, 0, 0), ms=7, mfc="0.5", mec="k", mew=0.5,
+                            label="beyond the map, pointing the way it went"))
+        first = self.axes[0]
+        marks += [h for h, t in zip(*first.get_legend_handles_labels(), strict=True) if t]
+        # Fixed margins in inches: two-line titles above each panel, the legend below them.
+        w, h = self.fig.get_figwidth(), self.fig.get_figheight()
+        top = 0.5 + (0.2 if interval else 0.0)  # room for the interval's line of the titles
+        self.fig.subplots_adjust(left=0.55 / w, right=1 - 0.1 / w, top=1 - top / h,
+                                 bottom=1.05 / h, wspace=0.3, hspace=0.45)
+        self.fig.legend(handles=marks, loc="lower center", ncol=3, fontsize=8, facecolor="0.75",
+                        framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
+        shared_colorbar(self.fig, self.axes, label="global loss")
+        self.edges: list = []  # the last set's triangles, removed by the next set
+        self.moving = [*self.dots, *(ax.title for ax in self.axes)]
+
+    def set(self, rows: Sequence[Mapping]) -> Figure:
+        """Show ``rows`` (race rows: algorithm, x, y, accuracy), one method per panel, in the
+        order of the methods' names."""
+        import numpy as np
+
+        algorithms = sorted({r["algorithm"] for r in rows})
+        if len(algorithms) != len(self.axes):
+            raise ValueError(f"{len(algorithms)} methods for {len(self.axes)} panels")
+        for artist in self.edges:
+            artist.remove()
+        self.edges = []
+        for ax, dots, name in zip(self.axes, self.dots, algorithms, strict=True):
+            pts = [(r["x"], r["y"]) for r in rows if r["algorithm"] == name]
+            flat = [r["accuracy"] for r in rows if r["algorithm"] == name]
+            colors = ["white" if f else "red" for f in flat]
+            dots.set_offsets(np.asarray(pts, dtype=float).reshape(-1, 2))
+            dots.set_facecolor(colors)
+            before = set(ax.get_children())
+            off, distance = draw_off_frame(ax, pts, colors, self.xlim, self.ylim)
+            self.edges += [a for a in ax.get_children() if a not in before]
+            title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
+            if self.interval:
+                lo, hi = share_interval(int(sum(bool(f) for f in flat)), len(flat))
+                title += f" of {len(flat)} seeds\n(95% interval {lo:.0%}-{hi:.0%})"
+            if off:
+                title += f"\n{off} off the map (median |w| {distance:.1f})"
+            ax.set_title(title, fontsize=10)
+        self.moving = [*self.dots, *self.edges, *(ax.title for ax in self.axes)]
+        return self.fig
+
+
 def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
                    ylim=LIMITS[1], columns: int = 4, interval: bool = False) -> Figure:
     """Where each method's final global models ended (one dot per seed), one panel per method.
@@ -587,50 +676,9 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
     A legend below the panels says so, and a colour bar gives the loss. ``interval`` adds
     each share's 95% interval over the seeds (Wilson's) to its panel's title.
     """
-    algorithms = sorted({r["algorithm"] for r in rows})
-    n_rows = -(-len(algorithms) // columns)
-    fig, axes = plt.subplots(n_rows, columns, figsize=(3.2 * columns + 0.95, 3.2 * n_rows + 0.9),
-                             squeeze=False)
-    for ax in axes.flat[len(algorithms):]:
-        ax.axis("off")
-    for ax, name in zip(axes.flat, algorithms, strict=False):
-        draw_landscape(ax, fn, xlim, ylim, num=81)
-        if federation is not None:
-            mark_basins(ax, federation)
-        pts = [(r["x"], r["y"]) for r in rows if r["algorithm"] == name]
-        flat = [r["accuracy"] for r in rows if r["algorithm"] == name]
-        colors = ["white" if f else "red" for f in flat]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, c=colors, lw=0.3,
-                   edgecolors="k", zorder=3)
-        off, distance = draw_off_frame(ax, pts, colors, xlim, ylim)
-        ax.set_xlim(*xlim)  # the scatter must not widen the frame it is drawn in
-        ax.set_ylim(*ylim)
-        title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
-        if interval:
-            lo, hi = share_interval(int(sum(bool(f) for f in flat)), len(flat))
-            title += f" of {len(flat)} seeds\n(95% interval {lo:.0%}-{hi:.0%})"
-        if off:
-            title += f"\n{off} off the map (median |w| {distance:.1f})"
-        ax.set_title(title, fontsize=10)
-    # What every mark means, once, below the panels.
-    from matplotlib.lines import Line2D
-
-    marks = [Line2D([], [], ls="", marker="o", ms=5, mfc=c, mec="k", mew=0.3, label=text)
-             for c, text in (("white", "final model in the flat basin"),
-                             ("red", "final model elsewhere"))]
-    marks.append(Line2D([], [], ls="", marker=(3, 0, 0), ms=7, mfc="0.5", mec="k", mew=0.5,
-                        label="beyond the map, pointing the way it went"))
-    first = axes.flat[0]
-    marks += [h for h, t in zip(*first.get_legend_handles_labels(), strict=True) if t]
-    # Fixed margins in inches: two-line titles above each panel, the legend below them.
-    w, h = fig.get_figwidth(), fig.get_figheight()
-    top = 0.5 + (0.2 if interval else 0.0)  # room for the interval's line of the titles
-    fig.subplots_adjust(left=0.55 / w, right=1 - 0.1 / w, top=1 - top / h, bottom=1.05 / h,
-                        wspace=0.3, hspace=0.45)
-    fig.legend(handles=marks, loc="lower center", ncol=3, fontsize=8, facecolor="0.75",
-               framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
-    shared_colorbar(fig, axes.flat[:len(algorithms)], label="global loss")
-    return fig
+    panels = len({r["algorithm"] for r in rows})
+    return EndpointsFigure(fn, panels, federation, xlim, ylim, columns,
+                           interval).set(rows)
 
 
 def plot_race(rows: Sequence[Mapping]) -> Figure:

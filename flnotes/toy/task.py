@@ -140,6 +140,25 @@ def client_rows(num_clients: int, per_client: int, noise: float, seed: int) -> t
     return torch.cat([ids, draws], dim=-1).reshape(-1, 3)
 
 
+_FEDERATIONS: dict = {}  # (landscape, clients, options as JSON) -> Federation, oldest first
+
+
+def _shared_federation(landscape: str, num_clients: int, shape: dict) -> Federation:
+    """The federation of these options, built once: a race's 100 seeds share one (a
+    federation is read-only once built; building it is most of a toy task's set-up)."""
+    import json
+
+    try:
+        key = (landscape, int(num_clients), json.dumps(shape, sort_keys=True))
+    except TypeError:  # an option JSON cannot hold: built each time
+        return make_federation(landscape, num_clients=num_clients, **shape)
+    if key not in _FEDERATIONS:
+        _FEDERATIONS[key] = make_federation(landscape, num_clients=num_clients, **shape)
+        while len(_FEDERATIONS) > 32:
+            del _FEDERATIONS[next(iter(_FEDERATIONS))]
+    return _FEDERATIONS[key]
+
+
 def build_task(config) -> ToyTask:
     """The toy federation of a config (dataset "toy"): landscapes, noise rows, start point."""
     config = config.resolved()
@@ -153,7 +172,7 @@ def build_task(config) -> ToyTask:
             raise ValueError(f"toy data_options {unknown} unknown: the toy takes "
                              f"{', '.join(TOY_KEYS)}, and landscape {toy['landscape']!r} takes "
                              f"{', '.join(landscape_options(toy['landscape']))}")
-    federation = make_federation(toy["landscape"], num_clients=config.num_clients, **shape)
+    federation = _shared_federation(toy["landscape"], config.num_clients, shape)
     start = start_point(config, toy)
     n = int(toy["samples_per_client"])
     if n < 2:

@@ -722,6 +722,43 @@ def own_alpha(method: str) -> float | None:
 RACE_SEEDS = 100  # notebook 04's table: the explorer starts from the same race
 
 
+class RaceScene(Scene):
+    """FedAvg's and one method's final models over the race federation: the landscapes,
+    legend and colour bar are drawn once; a move redraws the dots, edge triangles and
+    titles."""
+
+    def __init__(self, options: Mapping | None = None) -> None:
+        super().__init__()
+        self.options = dict(options or {})
+
+    def key(self, values: dict):
+        return len({BASELINE, values["algorithm"]})  # panels
+
+    def build(self, values: dict, pyplot: bool):
+        fed = make_federation("fedmut-fig1", num_clients=self.options.get("num_clients", 2))
+        return plots.EndpointsFigure(fed.global_loss, self.key(values), federation=fed,
+                                     columns=2, interval=True, pyplot=pyplot)
+
+    def update(self, drawing, values: dict) -> None:
+        drawing.set(race_rows(options=self.options, **values))
+
+
+def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
+              rounds: int = 15, seeds: int = RACE_SEEDS,
+              options: Mapping | None = None) -> list[dict]:
+    """FedAvg's and ``algorithm``'s final rows over ``seeds`` runs (see :func:`draw_race`)."""
+    import json
+
+    options = dict(options or {})
+    if alpha is None:
+        alpha = own_alpha(algorithm) or 0.0
+    frozen = json.dumps(options, sort_keys=True)  # hashable, for the cache below
+    # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
+    mutation = float(alpha) if reads(algorithm, "alpha") else None
+    return (_race_rows(BASELINE, int(seeds), float(lr), int(rounds), None, frozen)
+            + _race_rows(algorithm, int(seeds), float(lr), int(rounds), mutation, frozen))
+
+
 def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
               rounds: int = 15, seeds: int = RACE_SEEDS,
               options: Mapping | None = None) -> Figure:
@@ -732,19 +769,8 @@ def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 
     FedQP; None: the method's own default); ``options`` are further toy-config overrides
     (clients, start, ...).
     """
-    import json
-
-    options = dict(options or {})
-    if alpha is None:
-        alpha = own_alpha(algorithm) or 0.0
-    frozen = json.dumps(options, sort_keys=True)  # hashable, for the cache below
-    # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
-    mutation = float(alpha) if reads(algorithm, "alpha") else None
-    rows = (_race_rows(BASELINE, int(seeds), float(lr), int(rounds), None, frozen)
-            + _race_rows(algorithm, int(seeds), float(lr), int(rounds), mutation, frozen))
-    fed = make_federation("fedmut-fig1", num_clients=options.get("num_clients", 2))
-    return plots.plot_endpoints(fed.global_loss, rows, federation=fed, columns=2,
-                                interval=True)
+    return RaceScene(options).figure(algorithm=algorithm, alpha=alpha, lr=lr, rounds=rounds,
+                                     seeds=seeds)
 
 
 @lru_cache(maxsize=128)
@@ -795,4 +821,4 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
                          f"has none{renamed_note(method, 'alpha')}"}
 
     return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
-                    idle=idle, follow=follow)
+                    idle=idle, follow=follow, scene=RaceScene(options))
