@@ -6,7 +6,8 @@ the figure to PNG (what the notebook displays). This script does exactly that wi
 browser: for every control of every explorer it moves the control from its default to its
 extremes and midpoint (every other option, for a dropdown), each move from a freshly drawn
 default with nothing about the new value kept, ``--repeats`` times, and prints the p50 and
-p95 wall seconds and the CPU seconds per redraw, one row per control.
+p95 wall seconds and the CPU seconds per redraw, one row per control, and the wall seconds
+until the first picture (the race shows its first seeds first; elsewhere the same).
 
     python benchmarks/widget_latency.py                  # every explorer
     python benchmarks/widget_latency.py --explorers shift,clients --repeats 5
@@ -69,17 +70,26 @@ def clear_caches(explorer) -> None:
         explorer.scene._kept.clear()
 
 
-def redraw_seconds(explorer, name: str, value) -> tuple[float, float]:
-    """Seconds of one slider move from the default to ``value``, PNG rendering included.
+def redraw_seconds(explorer, name: str, value) -> tuple[float, float, float]:
+    """(wall, CPU, wall to the first picture) seconds of one slider move from the default to
+    ``value``, PNG rendering included.
 
     As a student meets it: the explorer has drawn its defaults (what the defaults computed is
-    kept), and the new value has never been drawn before.
+    kept), and the new value has never been drawn before. An explorer with a preview (the
+    race: its first seeds) shows a quick picture first, as a move in the notebook does: the
+    move's seconds are both pictures', the first picture's its own.
     """
     clear_caches(explorer)
     explorer.png()
+    values = {**explorer.values(), name: value}
+    first = explorer.preview(values) if explorer.preview is not None else None
     wall, cpu = time.perf_counter(), time.process_time()
+    if first is not None:
+        explorer.png(**{name: value, **first[0]})
+    shown = time.perf_counter() - wall
     explorer.png(**{name: value})  # what a move computes: the draw and its one PNG rendering
-    return time.perf_counter() - wall, time.process_time() - cpu
+    whole = time.perf_counter() - wall
+    return whole, time.process_time() - cpu, shown if first is not None else whole
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -98,29 +108,34 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     wanted = [w.strip() for w in args.explorers.split(",") if w.strip()]
     print(f"{'explorer':20s} {'control':14s} {'redraws':>7s} {'p50 s':>7s} {'p95 s':>7s} "
-          f"{'cpu p50':>7s} {'cpu p95':>7s}")
+          f"{'cpu p50':>7s} {'cpu p95':>7s} {'1st p50':>7s} {'1st p95':>7s}")
     for title, make in EXPLORERS.items():
         if wanted and not any(w in title for w in wanted):
             continue
         explorer = make(seeds=args.race_seeds) if make is widgets.race_explorer else make()
         explorer.figure()  # first draw: imports and caches, not what a slider move costs
         plt.close("all")
-        every, every_cpu = [], []
-        for name, control in explorer.controls.items():
-            walls, cpus = [], []
-            for value in settings(control):
-                for _ in range(args.repeats):
-                    wall, cpu = redraw_seconds(explorer, name, value)
-                    walls.append(wall)
-                    cpus.append(cpu)
-            every += walls
-            every_cpu += cpus
+        every, every_cpu, every_first = [], [], []
+
+        def row(name: str, walls: list, cpus: list, firsts: list, title=title) -> None:
             print(f"{title:20s} {name:14s} {len(walls):7d} {percentile(walls, 0.5):7.2f} "
                   f"{percentile(walls, 0.95):7.2f} {percentile(cpus, 0.5):7.2f} "
-                  f"{percentile(cpus, 0.95):7.2f}", flush=True)
-        print(f"{title:20s} {'(all)':14s} {len(every):7d} {percentile(every, 0.5):7.2f} "
-              f"{percentile(every, 0.95):7.2f} {percentile(every_cpu, 0.5):7.2f} "
-              f"{percentile(every_cpu, 0.95):7.2f}", flush=True)
+                  f"{percentile(cpus, 0.95):7.2f} {percentile(firsts, 0.5):7.2f} "
+                  f"{percentile(firsts, 0.95):7.2f}", flush=True)
+
+        for name, control in explorer.controls.items():
+            walls, cpus, firsts = [], [], []
+            for value in settings(control):
+                for _ in range(args.repeats):
+                    wall, cpu, first = redraw_seconds(explorer, name, value)
+                    walls.append(wall)
+                    cpus.append(cpu)
+                    firsts.append(first)
+            every += walls
+            every_cpu += cpus
+            every_first += firsts
+            row(name, walls, cpus, firsts)
+        row("(all)", every, every_cpu, every_first)
 
 
 if __name__ == "__main__":

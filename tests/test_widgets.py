@@ -405,3 +405,34 @@ def test_the_shift_figure_keeps_its_labels_inside():
 
 def test_cell_values_take_the_notebooks_values_else_the_defaults():
     assert widgets.cell_values({"lr": 0.05}, lr=0.1, rounds=30) == {"lr": 0.05, "rounds": 30}
+
+
+def test_a_long_race_shows_its_first_seeds_then_all_of_them():
+    """A race not yet run shows the first PREVIEW_SEEDS seeds' picture at once (a fresh
+    draw of that setting), then the whole race's; a race already run redraws in one step."""
+    import numpy as np
+
+    def pixels(png: bytes):
+        return np.asarray(_image(png).convert("RGB"), dtype=int)
+
+    def fresh(**values):
+        fig = ex.figure(**values)
+        try:
+            return pixels(widgets.figure_png(fig))
+        finally:
+            plt.close(fig)
+
+    seeds = widgets.PREVIEW_SEEDS + 2
+    ex = widgets.race_explorer(seeds=seeds, rounds=2)
+    ex.png()
+    ex.set(alpha=3.0)  # FedQP at a new alpha: not run yet
+    assert ex.last_preview is not None
+    for shown, want in ((ex.last_preview, fresh(seeds=widgets.PREVIEW_SEEDS)),
+                        (ex.last_png, fresh())):
+        assert (np.abs(pixels(shown) - want).sum(-1) > 30).sum() <= 20
+    assert ex.note.value == ""  # the "first seeds" line is gone with the whole picture
+    ex.set(alpha=2.0)  # the starting race, kept
+    assert ex.last_preview is None
+    small = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS, rounds=2)
+    small.set(alpha=3.5)
+    assert small.last_preview is None  # nothing quicker to show

@@ -12,6 +12,7 @@ from flnotes.toy.experiments import (
     final_metrics,
     final_table,
     forget_races,
+    kept_race,
     mutation_points,
     mutation_region,
     mutation_regions,
@@ -25,6 +26,6 @@ from flnotes.toy.experiments import (
 from flnotes.toy.task import DEFAULT_START, ToyModel, ToyTask, build_task, point_of, state_of
 
 __all__ = ["DEFAULT_START", "FINAL_KEYS", "TEACHING", "ToyModel", "ToyTask", "build_task",
-           "final_metrics", "final_table", "forget_races", "mutation_points",
+           "final_metrics", "final_table", "forget_races", "kept_race", "mutation_points",
            "mutation_region", "mutation_regions", "mutation_round", "point_of",
            "race", "race_table", "run_toy", "state_of", "toy_config", "trajectory_points"]

@@ -272,6 +272,15 @@ RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB
 _RACES: dict = {}  # _race_key -> one method's rows, oldest first
 
 
+def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
+              **overrides) -> bool:
+    """Whether :func:`race` keeps this method's rows for these seeds and setting (a race of
+    it would return at once)."""
+    seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
+    key = _race_key(algorithm, seeds, stack, overrides)
+    return key is not None and key in _RACES
+
+
 def forget_races() -> None:
     """Drop the rows :func:`race` keeps (benchmarks measure first visits)."""
     _RACES.clear()

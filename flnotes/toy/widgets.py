@@ -41,14 +41,20 @@ class Explorer:
     (a method that draws FedAvg's path on the toy, a widened window); ``follow(name,
     values) -> {control: value}`` moves other controls with one (a method's own alpha when
     the method changes), in the same redraw. A redraw shows "drawing..." beside the control
-    that moved, where the student is looking, while it runs.
+    that moved, where the student is looking, while it runs. ``preview(values) ->
+    (overrides, line) | None`` names a quicker picture to show first when the whole one
+    takes long (a race's first seeds), with a line saying what it shows; the whole picture
+    replaces it in the same redraw.
     """
 
     def __init__(self, draw: Callable[..., Figure], controls: Mapping[str, W.ValueWidget],
                  title: str = "", idle: Callable[[dict], Mapping[str, str]] | None = None,
                  scene: Scene | None = None, note: Callable[[dict], str] | None = None,
-                 follow: Callable[[str, dict], Mapping] | None = None) -> None:
+                 follow: Callable[[str, dict], Mapping] | None = None,
+                 preview: Callable[[dict], tuple[dict, str] | None] | None = None) -> None:
         self.draw = draw
+        self.preview = preview
+        self.last_preview: bytes | None = None  # the quick picture the last redraw showed
         self.scene = scene  # if given, redraws move its kept figure's artists (see Scene)
         self.controls = dict(controls)
         self.idle, self.note_of, self.follow = idle, note, follow
@@ -133,6 +139,14 @@ class Explorer:
         if busy is not None:  # sent at once: the browser shows it beside the control
             busy.value = "<i style='color:#a33'>drawing...</i>"
         try:
+            self.last_preview = None
+            first = self.preview(self.values()) if self.preview is not None else None
+            if first is not None:  # a quick picture now, the whole one when it is ready
+                overrides, line = first
+                self.last_preview = self.png(**overrides)
+                self.note.value = f"<span style='color:#a33'>{line}</span>"
+                if self._handle is not None:
+                    self._handle.update(Image(data=self.last_preview, format="png"))
             png = self.png()
         finally:
             if busy is not None:
@@ -743,20 +757,45 @@ class RaceScene(Scene):
         drawing.set(race_rows(options=self.options, **values))
 
 
+def _race_jobs(algorithm: str, alpha: float | None, lr: float, rounds: int, seeds: int,
+               options: Mapping | None) -> list[tuple]:
+    """The two races of a race picture, as :func:`_race_rows`' arguments."""
+    import json
+
+    if alpha is None:
+        alpha = own_alpha(algorithm) or 0.0
+    frozen = json.dumps(dict(options or {}), sort_keys=True)  # hashable, for the cache
+    # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
+    mutation = float(alpha) if reads(algorithm, "alpha") else None
+    return [(BASELINE, int(seeds), float(lr), int(rounds), None, frozen),
+            (algorithm, int(seeds), float(lr), int(rounds), mutation, frozen)]
+
+
 def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
               rounds: int = 15, seeds: int = RACE_SEEDS,
               options: Mapping | None = None) -> list[dict]:
     """FedAvg's and ``algorithm``'s final rows over ``seeds`` runs (see :func:`draw_race`)."""
+    return [row for job in _race_jobs(algorithm, alpha, lr, rounds, seeds, options)
+            for row in _race_rows(*job)]
+
+
+def race_rows_kept(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
+                   rounds: int = 15, seeds: int = RACE_SEEDS,
+                   options: Mapping | None = None) -> bool:
+    """Whether both races of this picture are kept (it redraws at once)."""
     import json
 
-    options = dict(options or {})
-    if alpha is None:
-        alpha = own_alpha(algorithm) or 0.0
-    frozen = json.dumps(options, sort_keys=True)  # hashable, for the cache below
-    # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
-    mutation = float(alpha) if reads(algorithm, "alpha") else None
-    return (_race_rows(BASELINE, int(seeds), float(lr), int(rounds), None, frozen)
-            + _race_rows(algorithm, int(seeds), float(lr), int(rounds), mutation, frozen))
+    from flnotes.toy import kept_race
+
+    for name, n, rate, length, mutation, frozen in _race_jobs(algorithm, alpha, lr, rounds,
+                                                              seeds, options):
+        extra = {} if mutation is None else {"alpha": mutation}
+        if not kept_race(name, n, lr=rate, rounds=length, **json.loads(frozen), **extra):
+            return False
+    return True
+
+
+PREVIEW_SEEDS = 10  # a race's quick first picture: this many seeds, then all of them
 
 
 def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
@@ -820,5 +859,15 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
         return {"alpha": f"alpha is the mutation range of {readers_text('alpha')}; {method} "
                          f"has none{renamed_note(method, 'alpha')}"}
 
+    def preview(values: dict):
+        """The first seeds' picture first, when the whole race is not kept: a student sees
+        an answer at once, then all the seeds."""
+        seeds = int(values["seeds"])
+        if seeds <= PREVIEW_SEEDS or race_rows_kept(options=options, **values):
+            return None
+        return ({"seeds": PREVIEW_SEEDS},
+                f"the first {PREVIEW_SEEDS} of {seeds} seeds; the other "
+                f"{seeds - PREVIEW_SEEDS} are running...")
+
     return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
-                    idle=idle, follow=follow, scene=RaceScene(options))
+                    idle=idle, follow=follow, scene=RaceScene(options), preview=preview)
