@@ -10,10 +10,13 @@ PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 # JupyterLab saves the explorers' widget state with a notebook, so that a copy saved while
 # they ran opens again with its controls rather than "Error displaying widget: model not
 # found": a package default (jupyter-config/) in JupyterLab's overrides.d. A wheel installs it
-# itself; an editable install copies no data files, so these targets do.
-LAB_DEFAULTS = $(PYTHON) -c "import pathlib, shutil, sys; \
-  d = pathlib.Path(sys.prefix, 'share/jupyter/lab/settings/overrides.d'); \
-  d.mkdir(parents=True, exist_ok=True); shutil.copy('jupyter-config/flnotes-widget-state.json', d)"
+# itself; pip's editable install here did not (setuptools 84), so these targets copy it into
+# the settings of the JupyterLab this Python runs.
+HERE := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
+LAB_DEFAULTS = $(PYTHON) -c "import pathlib, shutil; \
+  from jupyterlab.commands import get_app_dir; \
+  d = pathlib.Path(get_app_dir(), 'settings', 'overrides.d'); d.mkdir(parents=True, exist_ok=True); \
+  shutil.copy('$(HERE)jupyter-config/flnotes-widget-state.json', d)"
 
 install:
 	$(PIP_INSTALL) -e .

@@ -162,6 +162,10 @@ def test_the_widget_state_default_names_a_real_jupyterlab_setting():
                   f"{name}.json")
     declared = json.loads(schema.read_text())["properties"]
     assert values == {"saveState": True} and declared["saveState"]["type"] == "boolean"
-    read, error = _get_overrides(str(Path(get_app_dir()) / "settings"))
-    assert not error and read.get(plugin, {}).get("saveState") is True, (
-        "JupyterLab here does not read flnotes' widget-state default: run `make install`")
+    settings = Path(get_app_dir()) / "settings"
+    placed = settings / "overrides.d" / "flnotes-widget-state.json"
+    assert placed.is_file() and json.loads(placed.read_text()) == ours, (
+        f"flnotes' widget-state default is not in this JupyterLab's {placed.parent}: run "
+        "`make install`")
+    read, error = _get_overrides(str(settings))
+    assert not error and read.get(plugin, {}).get("saveState") is True

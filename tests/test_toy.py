@@ -208,3 +208,48 @@ def test_unknown_toy_options_are_named_with_what_the_toy_takes():
         build_task(_config(data_options={"foo": 1}))
     with pytest.raises(ValueError, match="num_clients is RunConfig.num_clients"):
         build_task(_config(data_options={"num_clients": 3}))
+
+
+def test_a_method_registered_again_races_again():
+    """The kept races name the class that ran them: a method of the same name registered
+    again (a student's edited strategy) is raced anew, not read back."""
+    from flnotes.algorithms import register_algorithm, unregister_algorithm
+    from flnotes.algorithms.fedavg import FedAvg
+
+    class Mine(FedAvg):
+        name = "mine-race-test"
+
+    class Edited(FedAvg):
+        name = "mine-race-test"
+
+        def aggregate(self, round, results):  # FedAvg, then a step of +1 in x and y
+            state = super().aggregate(round, results)
+            for tensor in state.values():
+                tensor.add_(1.0)
+            return state
+
+    toy.forget_races()
+    register_algorithm(Mine)
+    try:
+        first = toy.race(["mine-race-test"], seeds=2, rounds=2)
+        unregister_algorithm("mine-race-test")
+        register_algorithm(Edited)
+        again = toy.race(["mine-race-test"], seeds=2, rounds=2)
+    finally:
+        unregister_algorithm("mine-race-test")
+        toy.forget_races()
+    assert [r["x"] for r in again] != [r["x"] for r in first]
+
+
+def test_a_race_that_writes_somewhere_is_never_read_back(monkeypatch, tmp_path):
+    """Runs with a run folder or with loggers asked for in the environment write as they
+    go; a kept race would skip that, so such races are not kept."""
+    from flnotes.engine.tracking import ENV_LOGGERS
+    from flnotes.toy import experiments
+
+    assert experiments._race_key("fedavg", [0, 1], True, {"rounds": 2}) is not None
+    assert experiments._race_key("fedavg", [0, 1], True,
+                                 {"rounds": 2, "run_dir": str(tmp_path)}) is None
+    monkeypatch.setenv(ENV_LOGGERS, "tensorboard")
+    assert experiments._race_key("fedavg", [0, 1], True, {"rounds": 2}) is None
+    assert not toy.kept_race("fedavg", 2, rounds=2)

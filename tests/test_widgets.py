@@ -182,26 +182,29 @@ def test_controls_that_do_nothing_are_disabled_with_a_reason():
 
 
 def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
+    from flnotes.toy import experiments
+
     calls = []
 
-    def fake_race(algorithms, seeds, **options):
-        calls.append((algorithms, options))
-        return [{"algorithm": a, "x": 0.0, "y": 0.0, "accuracy": 0.0, "seed": 0}
-                for a in algorithms]
+    def fake_runs(algorithms, seeds, processes, stack, progress, overrides):
+        calls.extend((a, overrides.get("alpha")) for a in algorithms)
+        return [[{"algorithm": a, "x": 0.0, "y": 0.0, "accuracy": 0.0, "seed": s}
+                 for s in seeds] for a in algorithms]
 
-    monkeypatch.setattr(toy, "race", fake_race)
-    widgets._race_rows.cache_clear()
+    monkeypatch.setattr(experiments, "_run_races", fake_runs)
+    toy.forget_races()
     try:
         widgets.race_rows("fedup", alpha=3.0, seeds=2, rounds=2)
         widgets.race_rows("fedqp", alpha=3.0, seeds=2, rounds=2)
         widgets.race_rows("fedqp", alpha=2.0, seeds=2, rounds=2)
+        # FedAvg against itself: one panel, its seeds once (not each twice)
+        assert len(widgets.race_rows("fedavg", seeds=2, rounds=2)) == 2
     finally:
-        widgets._race_rows.cache_clear()  # no fake rows for later tests
-    runs = {(a[0], o.get("alpha")) for a, o in calls}
-    # FedAvg ran once for the three races; FedUp without alpha (its alpha is another setting:
-    # a penalty weight keeps its default); FedQP once per alpha.
-    assert [a for a, _ in calls].count(["fedavg"]) == 1
-    assert runs == {("fedavg", None), ("fedup", None), ("fedqp", 3.0), ("fedqp", 2.0)}
+        toy.forget_races()  # no fake rows for later tests
+    # FedAvg ran once for the races (kept by toy.race); FedUp without alpha (its alpha is
+    # another setting: a penalty weight keeps its default); FedQP once per alpha.
+    assert calls.count(("fedavg", None)) == 1
+    assert set(calls) == {("fedavg", None), ("fedup", None), ("fedqp", 3.0), ("fedqp", 2.0)}
 
 
 @pytest.mark.parametrize("explorer, moves", [
@@ -436,3 +439,33 @@ def test_a_long_race_shows_its_first_seeds_then_all_of_them():
     small = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS, rounds=2)
     small.set(alpha=3.5)
     assert small.last_preview is None  # nothing quicker to show
+
+
+def test_off_map_models_are_triangles_on_the_edge_pointing_the_way_they_went():
+    """draw_off_frame against a hand computation: each model beyond the frame is a triangle
+    at its point clipped into the inset frame, pointing from the frame's centre towards it,
+    in its own colour; the count and the median distance from the origin are returned."""
+    import math
+
+    from matplotlib.colors import to_rgba
+
+    fig, ax = plt.subplots()
+    (x0, x1), (y0, y1) = plots.LIMITS
+    pad_x, pad_y = 0.04 * (x1 - x0), 0.04 * (y1 - y0)
+    points = [(0.0, 0.0), (10.0, 0.5), (0.3, -9.0), (-7.0, 7.0)]
+    colors = ["white", "red", "white", "red"]
+    off, distance = plots.draw_off_frame(ax, points, colors, plots.LIMITS[0], plots.LIMITS[1])
+    plt.close(fig)
+    outside = points[1:]
+    assert off == 3
+    assert distance == pytest.approx(sorted(math.hypot(*p) for p in outside)[1])
+    triangles = ax.collections[-1]
+    centre = ((x0 + x1) / 2, (y0 + y1) / 2)
+    for k, (x, y) in enumerate(outside):
+        edge = (min(max(x, x0 + pad_x), x1 - pad_x), min(max(y, y0 + pad_y), y1 - pad_y))
+        assert tuple(triangles.get_offsets()[k]) == pytest.approx(edge)
+        assert tuple(triangles.get_facecolors()[k]) == pytest.approx(to_rgba(colors[k + 1]))
+        # a regular triangle whose first vertex, (0, 1) before turning, is the apex
+        apex = triangles.get_paths()[k].vertices[0]
+        want = math.atan2(y - centre[1], x - centre[0])
+        assert math.atan2(apex[1], apex[0]) == pytest.approx(want, abs=1e-9)

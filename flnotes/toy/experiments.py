@@ -253,7 +253,10 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
     algorithms = list(algorithms) if algorithms is not None else algorithm_names()
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
     keys = {a: _race_key(a, seeds, stack, overrides) for a in algorithms}
-    found = {a: _RACES[keys[a]] for a in algorithms if keys[a] in _RACES}
+    found = {}
+    for a in algorithms:
+        if keys[a] in _RACES:
+            found[a] = _RACES[keys[a]] = _RACES.pop(keys[a])  # now the newest
     todo = [a for a in dict.fromkeys(algorithms) if a not in found]
     if todo:
         for algorithm, rows in zip(todo, _run_races(todo, seeds, processes, stack, progress,
@@ -263,7 +266,7 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
                 _RACES[keys[algorithm]] = rows
                 while len(_RACES) > RACES_KEPT:
                     del _RACES[next(iter(_RACES))]
-    elif progress:
+    elif progress and algorithms:
         print(f"race: the {len(algorithms)} methods' rows from an earlier race")
     return [dict(row) for a in algorithms for row in found[a]]
 
@@ -286,18 +289,27 @@ def forget_races() -> None:
     _RACES.clear()
 
 
-def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tuple:
+def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tuple | None:
     """What decides a method's race rows: its whole toy config (a default written out or
-    left to the method is the same key), the seeds and stacking (stacked rows equal
-    one-by-one rows to float tolerance, not bit for bit)."""
+    left to the method is the same key), the class that runs it (a method registered again
+    is another method), the seeds and stacking (stacked rows equal one-by-one rows to float
+    tolerance, not bit for bit). None, never kept: a race whose runs also write somewhere
+    (a run folder, loggers asked for in the environment), which a kept race would skip."""
     import json
+    import os
 
+    from flnotes.algorithms import algorithm_class
+    from flnotes.engine.tracking import ENV_LOGGERS
+
+    if overrides.get("run_dir") or os.environ.get(ENV_LOGGERS):
+        return None
     try:
         config = toy_config(algorithm, **json.loads(json.dumps(overrides))).to_dict()
     except TypeError:  # an override JSON cannot hold: not kept
         return None
     config.pop("seed", None)
-    return json.dumps(config, sort_keys=True), tuple(int(s) for s in seeds), bool(stack)
+    return (json.dumps(config, sort_keys=True), id(algorithm_class(algorithm)),
+            tuple(int(s) for s in seeds), bool(stack))
 
 
 def _run_races(algorithms: list[str], seeds: list[int], processes: int, stack: bool,

@@ -148,15 +148,18 @@ def _shared_federation(landscape: str, num_clients: int, shape: dict) -> Federat
     federation is read-only once built; building it is most of a toy task's set-up)."""
     import json
 
-    try:
-        key = (landscape, int(num_clients), json.dumps(shape, sort_keys=True))
+    try:  # the builder itself too: a landscape registered again is another landscape
+        key = (landscape, id(LANDSCAPES.get(landscape)), int(num_clients),
+               json.dumps(shape, sort_keys=True))
     except TypeError:  # an option JSON cannot hold: built each time
         return make_federation(landscape, num_clients=num_clients, **shape)
-    if key not in _FEDERATIONS:
-        _FEDERATIONS[key] = make_federation(landscape, num_clients=num_clients, **shape)
+    federation = _FEDERATIONS.get(key)
+    if federation is None:
+        federation = make_federation(landscape, num_clients=num_clients, **shape)
+        _FEDERATIONS[key] = federation
         while len(_FEDERATIONS) > 32:
-            del _FEDERATIONS[next(iter(_FEDERATIONS))]
-    return _FEDERATIONS[key]
+            _FEDERATIONS.pop(next(iter(_FEDERATIONS)), None)
+    return federation
 
 
 def build_task(config) -> ToyTask:

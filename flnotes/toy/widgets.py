@@ -148,6 +148,12 @@ class Explorer:
                 if self._handle is not None:
                     self._handle.update(Image(data=self.last_preview, format="png"))
             png = self.png()
+        except BaseException:  # an error or an interrupt: no preview left standing as if
+            if self.last_preview is not None:  # the rest were still running
+                self.update_note()
+                if self._handle is not None and self.last_png is not None:
+                    self._handle.update(Image(data=self.last_png, format="png"))
+            raise
         finally:
             if busy is not None:
                 busy.value = ""
@@ -264,7 +270,9 @@ class Scene:
         if kept is None:  # build draws the layer of ``values``
             kept = _Kept(self.build(values, pyplot=False), layer)
         drawing = kept.drawing
-        if layer != kept.shown:
+        if layer not in kept.backgrounds and layer != kept.shown:
+            # Only to render it: a layer rendered before is restored, whatever the figure's
+            # layer artists show (they are never drawn over a restored background).
             self.relayer(drawing, values)
             kept.shown = layer
         self.update(drawing, values)
@@ -767,8 +775,9 @@ def _race_jobs(algorithm: str, alpha: float | None, lr: float, rounds: int, seed
     frozen = json.dumps(dict(options or {}), sort_keys=True)  # hashable, for the cache
     # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
     mutation = float(alpha) if reads(algorithm, "alpha") else None
-    return [(BASELINE, int(seeds), float(lr), int(rounds), None, frozen),
+    jobs = [(BASELINE, int(seeds), float(lr), int(rounds), None, frozen),
             (algorithm, int(seeds), float(lr), int(rounds), mutation, frozen)]
+    return list(dict.fromkeys(jobs))  # FedAvg against itself: its rows once
 
 
 def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
@@ -812,11 +821,11 @@ def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 
                                      seeds=seeds)
 
 
-@lru_cache(maxsize=128)
 def _race_rows(algorithm: str, seeds: int, lr: float, rounds: int, alpha: float | None,
                options: str) -> list[dict]:
-    """One method's final rows over ``seeds`` runs, kept per setting: changing the method or
-    alpha re-runs that method only, never FedAvg's side of the race."""
+    """One method's final rows over ``seeds`` runs. :func:`flnotes.toy.race` keeps them per
+    setting (the one cache of races): changing the method or alpha re-runs that method only,
+    never FedAvg's side of the race, and the table's race of notebook 04 is read back."""
     import json
 
     from flnotes.toy import race
@@ -835,6 +844,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
 
     from flnotes.algorithms import algorithm_names
 
+    options = dict(options or {})  # one copy: the figure, the preview and the races agree
     d = {"algorithm": "fedqp", "lr": 0.1, "rounds": 15, "seeds": RACE_SEEDS, **defaults}
     d.setdefault("alpha", own_alpha(d["algorithm"]) or 0.0)
     controls = {
