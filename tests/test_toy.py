@@ -253,3 +253,30 @@ def test_a_race_that_writes_somewhere_is_never_read_back(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_LOGGERS, "tensorboard")
     assert experiments._race_key("fedavg", [0, 1], True, {"rounds": 2}) is None
     assert not toy.kept_race("fedavg", 2, rounds=2)
+
+
+def test_a_race_of_the_first_seeds_reads_them_from_a_kept_longer_race(monkeypatch):
+    """The explorer's quick picture (its first seeds) reads a kept race of more seeds: the
+    same seeds' rows, equal to their own race to float tolerance, and nothing is run."""
+    from flnotes.toy import experiments
+
+    toy.forget_races()
+    try:
+        short = toy.race(["fedqp"], seeds=3, rounds=3)
+        toy.forget_races()
+        toy.race(["fedqp"], seeds=6, rounds=3)
+        ran = []
+        real = experiments.method_rows
+        monkeypatch.setattr(experiments, "method_rows",
+                            lambda job: ran.append(job[0]) or real(job))
+        assert toy.kept_race("fedqp", 3, rounds=3)
+        head = toy.race(["fedqp"], seeds=3, rounds=3)
+        assert ran == [] and [r["seed"] for r in head] == [0, 1, 2]
+        for a, b in zip(head, short, strict=True):
+            assert a["accuracy"] == b["accuracy"]
+            for key in ("x", "y", "loss"):
+                assert a[key] == pytest.approx(b[key], abs=1e-5)
+        toy.race(["fedqp"], seeds=[1, 2], rounds=3)  # not the head of the kept race: runs
+        assert ran == ["fedqp"]
+    finally:
+        toy.forget_races()

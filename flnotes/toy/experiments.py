@@ -246,17 +246,16 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
 
     A method's rows are kept (the last :data:`RACES_KEPT` methods' races): a run is a function
     of its config and seed, so a later race of the same method, seeds and setting (notebook
-    04's explorer after the table's race) reuses them; :func:`forget_races` drops them.
+    04's explorer after the table's race) reuses them, and a race of the first seeds of a
+    kept one reads those seeds' rows (equal to their own race to float tolerance: a stack
+    of other seeds around them changes only the last bits); :func:`forget_races` drops them.
     """
     from flnotes.algorithms import algorithm_names
 
     algorithms = list(algorithms) if algorithms is not None else algorithm_names()
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
     keys = {a: _race_key(a, seeds, stack, overrides) for a in algorithms}
-    found = {}
-    for a in algorithms:
-        if keys[a] in _RACES:
-            found[a] = _RACES[keys[a]] = _RACES.pop(keys[a])  # now the newest
+    found = {a: rows for a in algorithms if (rows := _kept_rows(keys[a])) is not None}
     todo = [a for a in dict.fromkeys(algorithms) if a not in found]
     if todo:
         for algorithm, rows in zip(todo, _run_races(todo, seeds, processes, stack, progress,
@@ -275,13 +274,28 @@ RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB
 _RACES: dict = {}  # _race_key -> one method's rows, oldest first
 
 
+def _kept_rows(key) -> list[dict] | None:
+    """The kept rows of ``key``'s race, or of its seeds at the head of a kept race of more
+    seeds (same method, setting and stacking); None if neither is kept."""
+    if key is None:
+        return None
+    if key in _RACES:
+        _RACES[key] = _RACES.pop(key)  # now the newest
+        return _RACES[key]
+    config, cls, seeds, stack = key
+    for (other, other_cls, more, other_stack), rows in reversed(_RACES.items()):
+        if ((other, other_cls, other_stack) == (config, cls, stack) and len(more) > len(seeds)
+                and more[:len(seeds)] == seeds):
+            return rows[:len(seeds)]  # rows are in seed order
+    return None
+
+
 def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
               **overrides) -> bool:
     """Whether :func:`race` keeps this method's rows for these seeds and setting (a race of
     it would return at once)."""
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
-    key = _race_key(algorithm, seeds, stack, overrides)
-    return key is not None and key in _RACES
+    return _kept_rows(_race_key(algorithm, seeds, stack, overrides)) is not None
 
 
 def forget_races() -> None:
