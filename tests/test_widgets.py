@@ -439,6 +439,12 @@ def test_a_long_race_shows_its_first_seeds_then_all_of_them():
     small = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS, rounds=2)
     small.set(alpha=3.5)
     assert small.last_preview is None  # nothing quicker to show
+    # A method whose seeds run one after another shows fewer first
+    assert widgets.preview_seeds("fml") == widgets.PREVIEW_SEEDS_ONE_BY_ONE < seeds
+    ex.set(algorithm="fml")
+    assert ex.last_preview is not None
+    want = fresh(seeds=widgets.PREVIEW_SEEDS_ONE_BY_ONE)
+    assert (np.abs(pixels(ex.last_preview) - want).sum(-1) > 30).sum() <= 20
 
 
 def test_off_map_models_are_triangles_on_the_edge_pointing_the_way_they_went():
