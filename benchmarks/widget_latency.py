@@ -21,6 +21,7 @@ ten times as many runs. One torch thread, as the notebooks set.
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import matplotlib
@@ -112,6 +113,10 @@ def main(argv=None) -> None:
     for title, make in EXPLORERS.items():
         if wanted and not any(w in title for w in wanted):
             continue
+        # Each explorer as in its own notebook: the last explorer's kept figures (cyclic
+        # garbage now) are collected before, not inside this explorer's redraws.
+        explorer = None
+        gc.collect()
         explorer = make(seeds=args.race_seeds) if make is widgets.race_explorer else make()
         explorer.figure()  # first draw: imports and caches, not what a slider move costs
         plt.close("all")
