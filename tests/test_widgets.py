@@ -487,3 +487,31 @@ def test_an_explorer_settles_the_garbage_collector_once():
     assert widgets._GC_SETTLED and frozen > 0
     widgets.shift_explorer()
     assert gc.get_freeze_count() == frozen  # once per kernel, not per explorer
+
+
+def test_every_figure_in_a_notebook_shows_inline(tmp_path):
+    """In a kernel, the toy's figures show one after another: the first one must not leave
+    matplotlib's inline backend unable to show the next (a figure built inside
+    ``rc_context`` once undid the interactive mode the inline backend starts with, and every
+    later figure of the kernel stayed silent)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from flnotes.repro.kernel import current_kernel
+    from flnotes.repro.notebooks import quiet_kernel_manager
+
+    cells = [
+        "from flnotes import toy\nfrom flnotes.toy import landscapes, plots\n"
+        "fed = landscapes.make_federation('fedmut-fig1')",
+        "plots.plot_client_landscapes(fed)",
+        "history, points = toy.run_toy('fedavg', rounds=2)\n"
+        "fig = plots.plot_trajectories(fed.global_loss, {'FedAvg': points}, federation=fed)",
+        "fig = plots.plot_landscape(fed.global_loss, title='global')",
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(notebook, timeout=120, kernel_name=current_kernel(),
+                   kernel_manager_class=quiet_kernel_manager(), resources={
+                       "metadata": {"path": str(tmp_path)}}).execute()
+    silent = [cell.source for cell in notebook.cells[1:]
+              if not any("image/png" in output.get("data", {}) for output in cell.outputs)]
+    assert not silent, f"no figure shown by {silent}"

@@ -309,19 +309,22 @@ def new_figure(rows: int, columns: int, figsize, pyplot: bool = True, dpi: float
     """(figure, axes array (rows, columns)): through pyplot, so that a notebook cell shows it,
     or (``pyplot=False``) a figure pyplot never sees, for one an explorer keeps and redraws
     (at ``dpi``, the resolution of the explorers' first picture, whatever rcParams say)."""
-    import matplotlib
-
-    # Titles at the top of their axes (where matplotlib's automatic placement puts them when
-    # no tick labels sit on top), placed once: the automatic placement measures every axis's
-    # ticks at each draw, a third of a new six-panel figure's first draw.
-    with matplotlib.rc_context({"axes.titley": 1.0}):
-        if pyplot:
-            return plt.subplots(rows, columns, figsize=figsize, squeeze=False)
+    if pyplot:
+        fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=False)
+    else:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         fig = Figure(figsize=figsize, dpi=dpi)
         FigureCanvasAgg(fig)
-        return fig, fig.subplots(rows, columns, squeeze=False)
+        axes = fig.subplots(rows, columns, squeeze=False)
+    # Titles at the top of their axes (where matplotlib's automatic placement puts them when
+    # no tick labels sit on top), placed once: the automatic placement measures every axis's
+    # ticks at each draw, a third of a new six-panel figure's first draw. (A y given once
+    # turns it off for the axes; not rc_context, which would also undo the inline backend's
+    # interactive mode when the first figure of a kernel starts it.)
+    for ax in axes.flat:
+        ax.set_title("", y=1.0)
+    return fig, axes
 
 
 class TrajectoryArtists:
