@@ -515,3 +515,23 @@ def test_every_figure_in_a_notebook_shows_inline(tmp_path):
     silent = [cell.source for cell in notebook.cells[1:]
               if not any("image/png" in output.get("data", {}) for output in cell.outputs)]
     assert not silent, f"no figure shown by {silent}"
+
+
+def test_an_interrupted_race_takes_its_first_seeds_line_down():
+    """Interrupted (or failing) after its quick picture, a redraw does not leave the line
+    "the other seeds are running..." standing."""
+    ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 2, rounds=2)
+    ex.png()
+    real, calls = ex.png, []
+
+    def png(**overrides):
+        calls.append(overrides)
+        if len(calls) == 2:  # the whole race, after the first seeds' picture
+            raise KeyboardInterrupt
+        return real(**overrides)
+
+    ex.png = png
+    with pytest.raises(KeyboardInterrupt):
+        ex.set(alpha=3.0)
+    assert calls[0] == {"seeds": widgets.PREVIEW_SEEDS} and ex.last_preview is not None
+    assert ex.note.value == "" and ex.status == ""
