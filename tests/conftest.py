@@ -40,7 +40,7 @@ def tiny_config() -> RunConfig:
 
 # The longest files first: with two workers (make test), each takes a long file at the start
 # instead of one worker running the browser test alone at the end.
-LONGEST_FIRST = ("test_browser.py", "test_sweep_ray.py")
+LONGEST_FIRST = ("test_browser.py", "test_browser_b.py", "test_sweep_ray.py")
 
 
 def pytest_collection_modifyitems(items):

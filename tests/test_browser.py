@@ -708,8 +708,18 @@ def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
         page.close()
 
 
-@pytest.mark.parametrize("name", TEACHING)
+# This file drives half of the notebooks, tests/test_browser_b.py the other half: two files,
+# so that make test's two workers run them side by side rather than one after the other.
+HERE = ["00_quickstart", "02_client_landscapes", "21_flatness"]
+
+
+@pytest.mark.parametrize("name", HERE)
 def test_notebook_runs_and_every_control_redraws(browser, lab, name):
+    drive_notebook(browser, lab, name)
+
+
+def drive_notebook(browser, lab, name: str) -> None:
+    """The whole check of one teaching notebook (the module docstring says what it does)."""
     base, root = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     kernel, cell = None, None

@@ -477,16 +477,20 @@ def test_off_map_models_are_triangles_on_the_edge_pointing_the_way_they_went():
         assert math.atan2(apex[1], apex[0]) == pytest.approx(want, abs=1e-9)
 
 
-def test_an_explorer_settles_the_garbage_collector_once():
-    """The first explorer collects and freezes what is alive, so that a full collection
-    (0.15-0.25 s with torch and matplotlib loaded) no longer lands inside a redraw."""
+def test_an_explorer_settles_the_garbage_collector_once(monkeypatch):
+    """The first explorer of a kernel collects and freezes what is alive, so that a full
+    collection (0.15-0.25 s with torch and matplotlib loaded) no longer lands inside a
+    redraw; later explorers leave the collector alone. (A frozen object freed by reference
+    counting leaves the frozen set, so the count itself is not compared.)"""
     import gc
 
+    done = []
+    monkeypatch.setattr(widgets, "_GC_SETTLED", False)  # as in a fresh kernel
+    monkeypatch.setattr(gc, "collect", lambda *a: done.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: done.append("freeze"))
     widgets.shift_explorer()
-    frozen = gc.get_freeze_count()
-    assert widgets._GC_SETTLED and frozen > 0
     widgets.shift_explorer()
-    assert gc.get_freeze_count() == frozen  # once per kernel, not per explorer
+    assert done == ["collect", "freeze"] and widgets._GC_SETTLED
 
 
 def test_every_figure_in_a_notebook_shows_inline(tmp_path):
