@@ -658,17 +658,22 @@ def _run_alone(base: str, page, kernel: KernelErrors, name: str) -> int:
     return ran
 
 
-def _reload_after_save(page, root: Path, name: str) -> None:
-    """Save, reload the page (the kernel keeps running): every widget shows again."""
-    _save_and_read(page, root / f"{name}.ipynb")
-    page.reload(timeout=120_000)
+def _widgets_shown(page, failure: str) -> None:
+    """Wait for the kernel and for every "Loading widget..." to resolve; none may show a
+    widget error."""
     page.wait_for_selector(IDLE, timeout=120_000)
     deadline = time.monotonic() + 30
     while page.get_by_text("Loading widget...").count() and time.monotonic() < deadline:
         time.sleep(0.5)
     time.sleep(1)
-    assert page.get_by_text("Error displaying widget").count() == 0, \
-        f"{name}: a widget fails to show after save and reload"
+    assert page.get_by_text("Error displaying widget").count() == 0, failure
+
+
+def _reload_after_save(page, root: Path, name: str) -> None:
+    """Save, reload the page (the kernel keeps running): every widget shows again."""
+    _save_and_read(page, root / f"{name}.ipynb")
+    page.reload(timeout=120_000)
+    _widgets_shown(page, f"{name}: a widget fails to show after save and reload")
     if name not in NO_EXPLORER:  # the explorers' controls are back, from the kernel
         page.locator(".widget-hbox").first.wait_for(timeout=60_000)
 
@@ -688,13 +693,7 @@ def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         page.goto(f"{base}/lab/tree/{name}.ipynb?reset&token={TOKEN}", timeout=120_000)
-        page.wait_for_selector(IDLE, timeout=120_000)
-        deadline = time.monotonic() + 30
-        while page.get_by_text("Loading widget...").count() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(1)
-        assert page.get_by_text("Error displaying widget").count() == 0, \
-            f"{name}: reopened on a fresh kernel, a widget fails to show"
+        _widgets_shown(page, f"{name}: reopened on a fresh kernel, a widget fails to show")
         for cell in page.locator(".jp-CodeCell").all():
             if "_explorer(" in cell.locator(".jp-InputArea").inner_text():
                 assert cell.locator(".jp-OutputArea img").count(), \
