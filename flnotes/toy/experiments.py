@@ -339,8 +339,7 @@ def _run_races(algorithms: list[str], seeds: list[int], processes: int, stack: b
         rows = _race(algorithms, seeds, processes, stack, progress, overrides)
     if progress:
         print(f"race: {sum(map(len, rows))} runs ({len(algorithms)} methods x {len(seeds)} "
-              f"seeds) in "
-              f"{time.perf_counter() - tic:.0f} s")
+              f"seeds) in {time.perf_counter() - tic:.0f} s")
     return rows
 
 
@@ -385,9 +384,10 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
                 results[i] = result
                 bar.update()
     bar.close()
-    if stack or not seeds:  # one list of rows per method
-        return results if stack else [[] for _ in algorithms]
-    return [results[i:i + len(seeds)] for i in range(0, len(results), len(seeds))]
+    if stack:  # one list of rows per method already
+        return results
+    n = len(seeds)  # runs in method order, each method's seeds in a row
+    return [results[i * n:(i + 1) * n] for i in range(len(algorithms))]
 
 
 def race_table(rows: Sequence[dict]) -> pd.DataFrame:

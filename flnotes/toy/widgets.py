@@ -787,42 +787,40 @@ class RaceScene(Scene):
 
 
 def _race_jobs(algorithm: str, alpha: float | None, lr: float, rounds: int, seeds: int,
-               options: Mapping | None) -> list[tuple]:
-    """The two races of a race picture, as :func:`_race_rows`' arguments."""
-    import json
-
+               options: Mapping | None) -> list[tuple[str, dict]]:
+    """The races of a race picture, each (method, :func:`flnotes.toy.race` keywords):
+    FedAvg's, then the method's (FedAvg against itself: its race once)."""
     if alpha is None:
         alpha = own_alpha(algorithm) or 0.0
-    frozen = json.dumps(dict(options or {}), sort_keys=True)  # hashable, for the cache
+    common = {"seeds": int(seeds), "lr": float(lr), "rounds": int(rounds), **dict(options or {})}
     # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
-    mutation = float(alpha) if reads(algorithm, "alpha") else None
-    jobs = [(BASELINE, int(seeds), float(lr), int(rounds), None, frozen),
-            (algorithm, int(seeds), float(lr), int(rounds), mutation, frozen)]
-    return list(dict.fromkeys(jobs))  # FedAvg against itself: its rows once
+    mutation = {"alpha": float(alpha)} if reads(algorithm, "alpha") else {}
+    jobs = [(BASELINE, common)]
+    if algorithm != BASELINE:
+        jobs.append((algorithm, {**common, **mutation}))
+    return jobs
 
 
 def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
               rounds: int = 15, seeds: int = RACE_SEEDS,
               options: Mapping | None = None) -> list[dict]:
-    """FedAvg's and ``algorithm``'s final rows over ``seeds`` runs (see :func:`draw_race`)."""
-    return [row for job in _race_jobs(algorithm, alpha, lr, rounds, seeds, options)
-            for row in _race_rows(*job)]
+    """FedAvg's and ``algorithm``'s final rows over ``seeds`` runs (see :func:`draw_race`).
+    :func:`flnotes.toy.race` keeps each method's rows per setting: changing the method or
+    alpha re-runs that method only, and notebook 04's table race is read back."""
+    from flnotes.toy import race
+
+    return [row for name, keywords in _race_jobs(algorithm, alpha, lr, rounds, seeds, options)
+            for row in race([name], **keywords)]
 
 
 def race_rows_kept(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
                    rounds: int = 15, seeds: int = RACE_SEEDS,
                    options: Mapping | None = None) -> bool:
-    """Whether both races of this picture are kept (it redraws at once)."""
-    import json
-
+    """Whether every race of this picture is kept (it redraws at once)."""
     from flnotes.toy import kept_race
 
-    for name, n, rate, length, mutation, frozen in _race_jobs(algorithm, alpha, lr, rounds,
-                                                              seeds, options):
-        extra = {} if mutation is None else {"alpha": mutation}
-        if not kept_race(name, n, lr=rate, rounds=length, **json.loads(frozen), **extra):
-            return False
-    return True
+    return all(kept_race(name, **keywords)
+               for name, keywords in _race_jobs(algorithm, alpha, lr, rounds, seeds, options))
 
 
 # A race's quick first picture: its first seeds, then all of them. A method whose seeds train
@@ -851,19 +849,6 @@ def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 
     """
     return RaceScene(options).figure(algorithm=algorithm, alpha=alpha, lr=lr, rounds=rounds,
                                      seeds=seeds)
-
-
-def _race_rows(algorithm: str, seeds: int, lr: float, rounds: int, alpha: float | None,
-               options: str) -> list[dict]:
-    """One method's final rows over ``seeds`` runs. :func:`flnotes.toy.race` keeps them per
-    setting (the one cache of races): changing the method or alpha re-runs that method only,
-    never FedAvg's side of the race, and the table's race of notebook 04 is read back."""
-    import json
-
-    from flnotes.toy import race
-
-    extra = {} if alpha is None else {"alpha": alpha}
-    return race([algorithm], seeds=seeds, lr=lr, rounds=rounds, **json.loads(options), **extra)
 
 
 def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
