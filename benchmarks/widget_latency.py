@@ -7,7 +7,9 @@ browser: for every control of every explorer it moves the control from its defau
 extremes and midpoint (every other option, for a dropdown), each move from a freshly drawn
 default with nothing about the new value kept, ``--repeats`` times, and prints the p50 and
 p95 wall seconds and the CPU seconds per redraw, one row per control, and the wall seconds
-until the first picture (the race shows its first seeds first; elsewhere the same).
+until the first picture (the race shows its first seeds first; elsewhere the same). In a
+notebook a move of the race made in the page keeps the kernel busy only that long: the rest
+of the race runs in a worker thread (``Explorer(prepare=...)``), which the next move stops.
 
     python benchmarks/widget_latency.py                  # every explorer
     python benchmarks/widget_latency.py --explorers shift,clients --repeats 5

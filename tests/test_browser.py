@@ -14,8 +14,10 @@ lost its titles). Each move must change the figure's image within a generous bud
 benchmark, ``benchmarks/widget_latency.py``, holds the real target) without an error in the
 kernel, and a control that is disabled must say why beside it. A control disabled at first
 (alpha under FedAvg) is moved once a dropdown has enabled it. Then every slider goes to both
-ends and to a typed value (its readout), every dropdown to its first and last option.
-Finally the notebook is saved and the page reloaded: no widget may fail to show; then its
+ends and to a typed value (its readout), every dropdown to its first and last option, and
+one slider is pressed four times without waiting (an impatient student; in 04 the seeds, each
+press racing in a worker thread that the next press stops): once the kernel is done the
+picture must be a fresh draw of the last setting. Finally the notebook is saved and the page reloaded: no widget may fail to show; then its
 kernel is shut down and the notebook opened again, as a student reopens a saved copy another
 day: the stored figures and the controls as saved show, and no widget error.
 
@@ -532,9 +534,47 @@ class Mover:
                     if _state(kind, row) != option and not _disabled(kind, row):
                         self.move(cell, kind, label, row, option)
 
+    def presses(self, cell, times: int = 4) -> None:
+        """One slider pressed ``times`` times in a row without waiting for the figure (the
+        race's seeds, first typed to 30: above its first picture's seeds, so that every
+        press races in a worker that the next press stops). Once the kernel is done, nothing
+        raised and the picture is a fresh full draw of the last setting, not of an earlier
+        press."""
+        sliders = [(kind, label, row) for kind, label, row in _controls(cell)
+                   if kind == "slider" and not _disabled(kind, row)]
+        if not sliders:
+            return
+        kind, label, row = next((c for c in sliders if c[1] == "seeds"), sliders[0])
+        if label == "seeds" and _state(kind, row) != "30":
+            self.move(cell, kind, label, row, typed="30")
+        cell.scroll_into_view_if_needed()
+        value = _state(kind, row)
+        self.kernel.drain()
+        tic = time.monotonic()
+        handle = row.locator(".noUi-handle").first
+        high = float(value) >= float(handle.get_attribute("aria-valuemax")) - 1e-9
+        handle.focus()
+        for _ in range(times):
+            self.page.keyboard.press("ArrowLeft" if high else "ArrowRight")
+        what = (f"{self.name}: slider {label!r} pressed {times} times, from {value} to "
+                f"{_state(kind, row)}")
+        assert _state(kind, row) != value, f"{what}: the control did not move"
+        time.sleep(1.0)  # the presses reach the kernel before the kernel is asked if idle
+        self._settle(cell)
+        errors = self.kernel.drain()
+        assert not errors, f"{what}: the kernel raised:\n{errors[0]}"
+        self.times.append((f"{label} = {_state(kind, row)} ({times} presses)",
+                           time.monotonic() - tic))
+        shown = _png_of(cell.evaluate(FIGURE).split("|")[0])
+        differ = _differing_pixels(shown, self.kernel.fresh_png(self.explorer))
+        assert 0 <= differ <= 20, (f"{what}: the image shown differs from a fresh draw of "
+                                   f"the last setting in {differ} pixels")
+
     def _settle(self, cell) -> None:
-        """Wait until the kernel is idle and the figure has not changed for half a second,
-        so that one move's redraw is never taken for the next one's."""
+        """Wait until the kernel is idle, no "drawing..." note is left beside a control (a
+        race's whole picture is computed in a worker thread while the kernel is idle) and
+        the figure has not changed for half a second, so that one move's redraw is never
+        taken for the next one's."""
         deadline = time.monotonic() + self.budget
         last, since = cell.evaluate(FIGURE), time.monotonic()
         while time.monotonic() < deadline:
@@ -543,7 +583,8 @@ class Mover:
             if now != last:
                 last, since = now, time.monotonic()
             elif (time.monotonic() - since > 0.5
-                  and self.page.locator(IDLE).count()):
+                  and self.page.locator(IDLE).count()
+                  and not cell.get_by_text("drawing...").count()):
                 return
 
     def explore(self, cell) -> int:
@@ -747,6 +788,7 @@ def drive_notebook(browser, lab, name: str) -> None:
                 explorers += 1
                 mover.explore(cell)
                 mover.extremes(cell)
+                mover.presses(cell)
         cell = None
         _reload_after_save(page, root, name)
         kernel.close()

@@ -541,3 +541,114 @@ def test_an_interrupted_race_takes_its_first_seeds_line_down():
         ex.set(alpha=3.0)
     assert calls[0] == {"seeds": widgets.PREVIEW_SEEDS} and ex.last_preview is not None
     assert ex.note.value == "" and ex.status == ""
+
+
+class _KernelLoop:
+    """The kernel's event loop, as a page move's redraw sees it: callbacks queued by the
+    explorer's worker thread, run on the main thread when the test says."""
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+
+    def add_callback(self, fn, *args) -> None:
+        self.callbacks.append((fn, args))
+
+    def run(self) -> int:
+        ran = 0
+        while self.callbacks:
+            fn, args = self.callbacks.pop(0)
+            fn(*args)
+            ran += 1
+        return ran
+
+
+def _same_picture(png_a: bytes, png_b: bytes) -> bool:
+    import numpy as np
+
+    a, b = (np.asarray(_image(p).convert("RGB"), dtype=int) for p in (png_a, png_b))
+    return a.shape == b.shape and int((np.abs(a - b).sum(-1) > 30).sum()) <= 20
+
+
+def _fresh_png(ex, **values) -> bytes:
+    fig = ex.figure(**values)
+    try:
+        return widgets.figure_png(fig)
+    finally:
+        plt.close(fig)
+
+
+def test_a_page_move_answers_with_its_first_seeds_and_races_the_rest_in_a_worker(monkeypatch):
+    """A move made in the page returns after the quick picture; the worker's whole race
+    then shows (a fresh draw of the setting) through the kernel's loop, and "drawing..."
+    stays beside the control until it does. A newer move stops a stale worker, whose
+    picture never shows, and the newer move's whole race is what stays."""
+    toy.forget_races()
+    loop = _KernelLoop()
+    ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 4, rounds=3)
+    ex.png()
+    monkeypatch.setattr(ex, "_page_move_loop", lambda: loop)
+    ex.controls["alpha"].value = 3.0  # as the page moves it
+    assert ex.last_preview is not None and "running" in ex.note.value
+    assert "drawing" in ex.busy["alpha"].value  # still working on the whole picture
+    assert ex.wait(60) and loop.run() == 1
+    assert ex.status == "" and ex.note.value == ""
+    assert _same_picture(ex.last_png, _fresh_png(ex))
+    assert toy.kept_race("fedqp", widgets.PREVIEW_SEEDS + 4, alpha=3.0, lr=0.1, rounds=3)
+
+    # Two quick moves: the first one's worker is stopped, its callback (if any) is stale.
+    ex.controls["alpha"].value = 3.5
+    first_worker = ex._worker[0]
+    ex.controls["lr"].value = 0.15
+    assert not first_worker.is_alive()  # stopped before the second move raced anything
+    assert "drawing" in ex.busy["lr"].value and "drawing" not in ex.busy["alpha"].value
+    assert ex.wait(60)
+    loop.run()
+    assert ex.status == ""
+    assert _same_picture(ex.last_png, _fresh_png(ex))  # alpha 3.5, lr 0.15: the last move's
+    # A move by code (a cell's ex.set) draws everything before it returns, no worker
+    monkeypatch.setattr(ex, "_page_move_loop", widgets.Explorer._page_move_loop)
+    ex.set(alpha=4.5)
+    assert ex._worker is None and _same_picture(ex.last_png, _fresh_png(ex))
+
+
+def test_a_worker_that_fails_leaves_the_last_picture_and_says_why(monkeypatch):
+    toy.forget_races()
+    loop = _KernelLoop()
+    ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 2, rounds=2)
+    before = ex.png()
+    ex.last_png = before
+    monkeypatch.setattr(ex, "_page_move_loop", lambda: loop)
+
+    def broken(values):
+        raise ValueError("no room on the toy\nsecond line")
+
+    monkeypatch.setattr(ex, "prepare", broken)
+    ex.controls["alpha"].value = 3.0
+    assert ex.wait(60) and loop.run() == 1
+    assert "ValueError: no room on the toy" in ex.note.value
+    assert "second line" not in ex.note.value
+    assert ex.last_png == before and ex.status == ""
+
+
+def test_only_a_widget_message_to_a_running_kernel_moves_in_the_background(monkeypatch):
+    """The worker is for moves made in the page (a comm message); a cell's code, the tests
+    and the benchmark (no kernel) draw synchronously."""
+    import IPython
+
+    assert widgets.Explorer._page_move_loop() is None  # no kernel here
+
+    class Kernel:
+        io_loop = object()
+
+        def __init__(self, msg_type):
+            self.msg_type = msg_type
+
+        def get_parent(self, channel):
+            assert channel == "shell"
+            return {"header": {"msg_type": self.msg_type}}
+
+    for msg_type, wanted in (("comm_msg", True), ("execute_request", False)):
+        kernel = Kernel(msg_type)
+        shell = type("Shell", (), {"kernel": kernel})()
+        monkeypatch.setattr(IPython, "get_ipython", lambda shell=shell: shell)
+        assert (widgets.Explorer._page_move_loop() is kernel.io_loop) is wanted, msg_type

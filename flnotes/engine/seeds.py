@@ -32,6 +32,7 @@ from flnotes.engine.backends import resolve_backend, round_config, train_clients
 from flnotes.engine.batched.stacked import train_supervised
 from flnotes.engine.history import History
 from flnotes.engine.sim import Simulation, check_config, run
+from flnotes.engine.stops import check_stop
 from flnotes.engine.tasks import build_task
 from flnotes.engine.tracking import environment_tracker
 
@@ -95,6 +96,7 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
             active = [sim for sim in sims if sim.running and sim.start_round <= rnd]
             if not active:
                 break
+            check_stop()  # a caller's stop (stops.stop_when), as Ctrl-C
             tic = time.perf_counter()
             plans = [(sim, *sim.begin_round(rnd)) for sim in active]
             trained = train_plans(plans, rnd)

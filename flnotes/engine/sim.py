@@ -85,6 +85,7 @@ from flnotes.engine.stops import (  # noqa: E402,F401
     EXIT_TERMINATED,
     Terminated,
     _last_logged_round,
+    check_stop,
     exit_code,
     interruption_report,
     terminate_like_ctrl_c,
@@ -407,6 +408,7 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
                disable=not progress, initial=sim.start_round - 1, total=config.rounds)
     try:
         for rnd in bar:
+            check_stop()  # a caller's stop (stops.stop_when), between rounds as Ctrl-C
             tic = time.perf_counter()
             clients, starts = sim.begin_round(rnd)
             results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)

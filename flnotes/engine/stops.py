@@ -1,10 +1,13 @@
 """Stopping a run: Ctrl-C and SIGTERM stop it resumably, with the shell's exit statuses
-and a line saying how to continue (:func:`interruption_report`)."""
+and a line saying how to continue (:func:`interruption_report`); a caller in another thread
+stops runs the same way (:func:`stop_when`, a notebook explorer's race that a newer move
+makes stale)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from pathlib import Path
 
 from flnotes.engine.run_folder import RunFolderError, _read_json
@@ -18,6 +21,36 @@ class Terminated(KeyboardInterrupt):
     (folder marked interrupted, resume hint), and the command exits 143."""
 
 
+class Stopped(KeyboardInterrupt):
+    """The stop a caller asked for (:func:`stop_when`), raised where Ctrl-C's
+    KeyboardInterrupt would be, at the start of a round: the run stops the same way (a run
+    folder is marked interrupted and resumes), so every cleanup that Ctrl-C gets it gets."""
+
+
+_STOP = threading.local()  # .event: the threading.Event that stops this thread's runs
+
+
+@contextlib.contextmanager
+def stop_when(event: threading.Event):
+    """Within the block, this thread's runs stop (:class:`Stopped`) at the next round once
+    ``event`` is set (by any thread): a worker thread made stoppable without killing it."""
+    before = getattr(_STOP, "event", None)
+    _STOP.event = event
+    try:
+        check_stop()  # set already: no round starts
+        yield
+    finally:
+        _STOP.event = before
+
+
+def check_stop() -> None:
+    """Raise :class:`Stopped` if this thread's :func:`stop_when` event is set (the round
+    loops call it before every round; a dictionary lookup otherwise)."""
+    event = getattr(_STOP, "event", None)
+    if event is not None and event.is_set():
+        raise Stopped()
+
+
 def exit_code(stop: KeyboardInterrupt) -> int:
     """The exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
     return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
@@ -28,7 +61,6 @@ def terminate_like_ctrl_c():
     """Within the block, SIGTERM raises :class:`Terminated` in the main thread (the command
     line's runs and sweeps); the previous handler is put back after it."""
     import signal
-    import threading
 
     def handler(signum, frame):
         raise Terminated()

@@ -7,6 +7,7 @@ Every run here goes through the same :func:`flnotes.engine.sim.run` as a full-sc
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -250,6 +251,12 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
     kept one reads those seeds' rows (equal to their own race to float tolerance: a stack
     of other seeds around them changes only the last bits); :func:`forget_races` drops them.
     """
+    with _RACING:  # one race at a time: an explorer's worker thread may be racing
+        return _kept_or_run(algorithms, seeds, processes, stack, progress, overrides)
+
+
+def _kept_or_run(algorithms, seeds, processes: int, stack: bool, progress: bool,
+                 overrides: dict) -> list[dict]:
     from flnotes.algorithms import algorithm_names
 
     algorithms = list(algorithms) if algorithms is not None else algorithm_names()
@@ -272,6 +279,7 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
 
 RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB of rows)
 _RACES: dict = {}  # _race_key -> one method's rows, oldest first
+_RACING = threading.RLock()  # held by race(), kept_race() and forget_races()
 
 
 def _kept_rows(key) -> list[dict] | None:
@@ -295,12 +303,14 @@ def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
     """Whether :func:`race` keeps this method's rows for these seeds and setting (a race of
     it would return at once)."""
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
-    return _kept_rows(_race_key(algorithm, seeds, stack, overrides)) is not None
+    with _RACING:
+        return _kept_rows(_race_key(algorithm, seeds, stack, overrides)) is not None
 
 
 def forget_races() -> None:
     """Drop the rows :func:`race` keeps (benchmarks measure first visits)."""
-    _RACES.clear()
+    with _RACING:
+        _RACES.clear()
 
 
 def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tuple | None:

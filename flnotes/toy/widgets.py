@@ -19,7 +19,9 @@ without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 
 from __future__ import annotations
 
+import html
 import io
+import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
@@ -44,17 +46,26 @@ class Explorer:
     that moved, where the student is looking, while it runs. ``preview(values) ->
     (overrides, line) | None`` names a quicker picture to show first when the whole one
     takes long (a race's first seeds), with a line saying what it shows; the whole picture
-    replaces it in the same redraw.
+    replaces it in the same redraw. With ``prepare(values)`` as well (what the whole picture
+    computes, leaving the drawing quick: a race's rows), a move made in the page computes it
+    in a worker thread after the quick picture, so the kernel answers the next move at once;
+    that move stops the stale work at its next round (:func:`flnotes.engine.stops.stop_when`)
+    and the whole picture shows when it is ready, unless a newer move owns the figure. A move
+    made by code (``set`` in a cell, the tests, the benchmark) draws the whole picture
+    before it returns, as a cell's output must.
     """
 
     def __init__(self, draw: Callable[..., Figure], controls: Mapping[str, W.ValueWidget],
                  title: str = "", idle: Callable[[dict], Mapping[str, str]] | None = None,
                  scene: Scene | None = None, note: Callable[[dict], str] | None = None,
                  follow: Callable[[str, dict], Mapping] | None = None,
-                 preview: Callable[[dict], tuple[dict, str] | None] | None = None) -> None:
+                 preview: Callable[[dict], tuple[dict, str] | None] | None = None,
+                 prepare: Callable[[dict], object] | None = None) -> None:
         _settle_garbage_collector()
         self.draw = draw
-        self.preview = preview
+        self.preview, self.prepare = preview, prepare
+        self.moves = 0  # redraws asked for so far: a worker's result for an older one is stale
+        self._worker: tuple[threading.Thread, threading.Event] | None = None
         self.last_preview: bytes | None = None  # the quick picture the last redraw showed
         self.scene = scene  # if given, redraws move its kept figure's artists (see Scene)
         self.controls = dict(controls)
@@ -126,6 +137,8 @@ class Explorer:
 
         if self._quiet:
             return None
+        self.moves += 1
+        self.stop_background()  # its picture would be stale: this move owns the figure now
         moved = next((n for n, c in self.controls.items()
                       if change is not None and c is getattr(change, "owner", None)), None)
         if moved is not None and self.follow is not None:
@@ -139,6 +152,7 @@ class Explorer:
         busy = self.busy[moved] if moved is not None else None
         if busy is not None:  # sent at once: the browser shows it beside the control
             busy.value = "<i style='color:#a33'>drawing...</i>"
+        in_background = False
         try:
             self.last_preview = None
             first = self.preview(self.values()) if self.preview is not None else None
@@ -148,21 +162,120 @@ class Explorer:
                 self.note.value = f"<span style='color:#a33'>{line}</span>"
                 if self._handle is not None:
                     self._handle.update(Image(data=self.last_preview, format="png"))
+                loop = self._page_move_loop() if self.prepare is not None else None
+                if loop is not None:  # the rest in a worker; this move's answer is given
+                    self._start_background(loop, busy)
+                    in_background = True
+                    return self.last_preview
             png = self.png()
         except BaseException:  # an error or an interrupt: no preview left standing as if
-            if self.last_preview is not None:  # the rest were still running
-                self.update_note()
-                if self._handle is not None and self.last_png is not None:
-                    self._handle.update(Image(data=self.last_png, format="png"))
+            self._take_preview_down()  # the rest were still running
             raise
         finally:
-            if busy is not None:
+            if busy is not None and not in_background:
                 busy.value = ""
+        self._show(png)
+        return png
+
+    def _show(self, png: bytes) -> None:
+        """Show the whole picture of the current values, with its line."""
+        from IPython.display import Image
+
         self.update_note()
         self.last_png = png
         if self._handle is not None:
             self._handle.update(Image(data=png, format="png"))
-        return png
+
+    def _take_preview_down(self, reason: str = "") -> None:
+        """After a failed or interrupted redraw: the last whole picture again, and
+        ``reason`` (or the figure's own line) instead of "the others are running"."""
+        from IPython.display import Image
+
+        if self.last_preview is None:
+            return
+        self.update_note()
+        if reason:
+            self.note.value = f"<span style='color:#a33'>{html.escape(reason)}</span>"
+        if self._handle is not None and self.last_png is not None:
+            self._handle.update(Image(data=self.last_png, format="png"))
+
+    @staticmethod
+    def _page_move_loop():
+        """The kernel's event loop if this redraw answers a move made in the page (a widget's
+        comm message to a running kernel), else None: code's moves draw synchronously."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return None
+        kernel = getattr(get_ipython(), "kernel", None)
+        get_parent = getattr(kernel, "get_parent", None)
+        if get_parent is None:
+            return None
+        header = (get_parent("shell") or {}).get("header") or {}
+        return getattr(kernel, "io_loop", None) if header.get("msg_type") == "comm_msg" else None
+
+    def _start_background(self, loop, busy) -> None:
+        """``prepare`` the current values in a worker thread; the kernel's ``loop`` then
+        draws them (quick now) on the main thread, where matplotlib and the widgets live."""
+        from flnotes.engine.stops import Stopped, stop_when
+
+        values, move, stop = self.values(), self.moves, threading.Event()
+
+        def work() -> None:
+            error = None
+            try:
+                with stop_when(stop):
+                    self.prepare(values)
+            except Stopped:
+                return  # a newer move stopped it and owns the figure
+            except BaseException as err:  # shown under the figure, not lost in a log
+                error = err
+            loop.add_callback(self._finish_background, move, busy, error)
+
+        thread = threading.Thread(target=work, name="flnotes explorer", daemon=True)
+        self._worker = (thread, stop)
+        thread.start()
+
+    def _finish_background(self, move: int, busy, error: BaseException | None) -> None:
+        """On the main thread, when the worker of redraw ``move`` is done: its whole picture
+        (or the last one and a line saying why not), unless a newer move owns the figure."""
+        if move != self.moves:
+            return
+        self._worker = None
+        try:
+            if error is None:
+                png = self.png()
+        except Exception as err:
+            error = err
+        finally:
+            if busy is not None:
+                busy.value = ""
+        if error is not None:
+            self._take_preview_down(f"the whole picture failed: {type(error).__name__}: "
+                                    f"{error}".split("\n")[0])
+            return
+        self._show(png)
+
+    def stop_background(self) -> None:
+        """Stop a worker still computing an earlier move's whole picture (it stops at its
+        next round) and wait for it; its "drawing..." note goes too."""
+        if self._worker is None:
+            return
+        thread, stop = self._worker
+        self._worker = None
+        stop.set()
+        thread.join()
+        for note in self.busy.values():
+            note.value = ""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a worker computing the whole picture; True once none runs."""
+        worker = self._worker
+        if worker is not None:
+            worker[0].join(timeout)
+        return worker is None or not worker[0].is_alive()
 
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, Image, display
@@ -824,17 +937,21 @@ def race_rows_kept(algorithm: str = "fedqp", alpha: float | None = None, lr: flo
 
 
 # A race's quick first picture: its first seeds, then all of them. A method whose seeds train
-# as one stack takes about as long for 10 seeds as for 3; one that runs seed after seed (FML,
-# MOON, MimeLite, ...) about 70 ms a seed on a CPU, so it shows fewer.
+# as one stack takes 1.6x as long for 10 seeds as for 3 (a round's cost is mostly fixed); one
+# that runs seed after seed (FML, MOON, MimeLite, ...) about 70 ms a seed on a CPU, so it
+# shows fewer.
 PREVIEW_SEEDS = 10
 PREVIEW_SEEDS_ONE_BY_ONE = 3
 
 
-def preview_seeds(algorithm: str) -> int:
-    """How many seeds a race's quick first picture shows for ``algorithm``."""
+def preview_seeds(algorithm: str, rounds: int = 15) -> int:
+    """How many seeds a race's quick first picture shows for ``algorithm``: fewer for
+    longer races (a round costs about the same whatever the seeds; at 40 rounds 3 seeds
+    take as long as 10 at 15), never fewer than 2."""
     from flnotes.toy.experiments import _stack_trains
 
-    return PREVIEW_SEEDS if _stack_trains(algorithm) else PREVIEW_SEEDS_ONE_BY_ONE
+    first = PREVIEW_SEEDS if _stack_trains(algorithm) else PREVIEW_SEEDS_ONE_BY_ONE
+    return max(2, first * 15 // max(15, int(rounds)))
 
 
 def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
@@ -889,7 +1006,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
     def preview(values: dict):
         """The first seeds' picture first, when the whole race is not kept: a student sees
         an answer at once, then all the seeds."""
-        seeds, first = int(values["seeds"]), preview_seeds(values["algorithm"])
+        seeds, first = int(values["seeds"]), preview_seeds(values["algorithm"], values["rounds"])
         if seeds <= first or race_rows_kept(options=options, **values):
             return None
         return ({"seeds": first},
@@ -897,4 +1014,5 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
                 "running...")
 
     return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
-                    idle=idle, follow=follow, scene=RaceScene(options), preview=preview)
+                    idle=idle, follow=follow, scene=RaceScene(options), preview=preview,
+                    prepare=lambda values: race_rows(options=options, **values))
