@@ -17,9 +17,10 @@ kernel, and a control that is disabled must say why beside it. A control disable
 ends and to a typed value (its readout), every dropdown to its first and last option, and
 one slider is pressed four times without waiting (an impatient student; in 04 the seeds, each
 press racing in a worker thread that the next press stops): once the kernel is done the
-picture must be a fresh draw of the last setting. Finally the notebook is saved and the page reloaded: no widget may fail to show; then its
-kernel is shut down and the notebook opened again, as a student reopens a saved copy another
-day: the stored figures and the controls as saved show, and no widget error.
+picture must be a fresh draw of the last setting. Finally the notebook is saved and the
+page reloaded: no widget may fail to show; then its kernel is shut down and the notebook
+opened again, as a student reopens a saved copy another day: the stored figures and the
+controls as saved show, and no widget error.
 
 The module skips, with one line saying what is missing, where Chromium or Playwright is not
 installed; ``.ci/run`` installs Debian's ``chromium`` and sets ``FLNOTES_REQUIRE_BROWSER=1``,
