@@ -652,3 +652,31 @@ def test_only_a_widget_message_to_a_running_kernel_moves_in_the_background(monke
         shell = type("Shell", (), {"kernel": kernel})()
         monkeypatch.setattr(IPython, "get_ipython", lambda shell=shell: shell)
         assert (widgets.Explorer._page_move_loop() is kernel.io_loop) is wanted, msg_type
+
+
+def test_the_race_figure_is_the_same_picture_for_the_same_rows():
+    """Seaborn jitters notebook 04's dots with numpy's global generator: the figure seeds it
+    (a stored notebook's image changes only with its data) and leaves it as it found it."""
+    import numpy as np
+
+    rows = toy.race(["fedavg", "fedqp"], seeds=6, rounds=2)
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    pictures = []
+    for _ in range(2):
+        fig = plots.plot_race(rows)
+        pictures.append(np.asarray(_image(widgets.figure_png(fig)).convert("RGB")))
+        plt.close(fig)
+    assert np.array_equal(*pictures)
+    assert np.array_equal(np.random.get_state()[1], before)
+
+
+def test_longer_races_show_fewer_first_seeds_never_fewer_than_two():
+    """A stacked round costs nearly the same whatever the seeds, so the quick picture of a
+    longer race shows fewer of them: as many as at 15 rounds up to there, then fewer."""
+    for method, most in (("fedqp", widgets.PREVIEW_SEEDS),
+                         ("fml", widgets.PREVIEW_SEEDS_ONE_BY_ONE)):
+        counts = [widgets.preview_seeds(method, rounds) for rounds in range(1, 41)]
+        assert counts[:15] == [most] * 15
+        assert counts == sorted(counts, reverse=True) and min(counts) == 2
+        assert counts[-1] < most
