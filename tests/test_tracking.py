@@ -179,3 +179,38 @@ def test_seeds_log_each_seeds_folder_when_they_end(tmp_path, capsys):
         logged = _tensorboard_scalars(folder / f"seed{seed}" / "tensorboard", "accuracy")
         assert logged == [(r["round"], pytest.approx(r["accuracy"]))
                           for r in _rows(folder / f"seed{seed}")]
+
+
+@_needs("mlflow")
+def test_mlflow_runs_racing_to_create_the_experiment_share_one(tmp_path):
+    """Two processes of a sweep logging into one fresh store: the second looked before the
+    first created the experiment, so its own create fails; it joins the first's experiment
+    instead of dropping its logger, and the sweep makes the experiment before its workers
+    start anyway (prepare_store)."""
+    from flnotes.engine import tracking
+
+    store = tmp_path / "logs" / "mlruns"
+    first = tracking.MLflowLogger(store, {}, str(tmp_path / "a"), "a")
+    made = first._experiment_id(create=True)
+    late = tracking.MLflowLogger(store, {}, str(tmp_path / "b"), "b")
+    client = late._connect()
+    real = client.get_experiment_by_name
+    looks = []
+
+    def looked_too_early(name):
+        looks.append(name)
+        return None if len(looks) == 1 else real(name)
+
+    client.get_experiment_by_name = looked_too_early
+    assert late._experiment_id(create=True) == made and len(looks) == 2
+    for logger in (first, late):
+        logger.log_round({"round": 1, "accuracy": 0.5})
+        logger.close("completed")
+    _, runs = _mlflow_runs(store)
+    assert sorted(r.info.run_name for r in runs) == ["a", "b"]
+    # prepare_store: the experiment exists before any run, once
+    fresh = tmp_path / "fresh"
+    tracking.prepare_store(["tensorboard", "mlflow"], fresh)
+    tracking.prepare_store(["mlflow"], fresh)
+    client, _ = _mlflow_runs(fresh / "mlruns")
+    assert [e.name for e in client.search_experiments()].count("flnotes") == 1

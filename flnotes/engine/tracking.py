@@ -168,7 +168,15 @@ class MLflowLogger:
         experiment = client.get_experiment_by_name(EXPERIMENT)
         if experiment is not None:
             return experiment.experiment_id
-        return client.create_experiment(EXPERIMENT) if create else None
+        if not create:
+            return None
+        try:
+            return client.create_experiment(EXPERIMENT)
+        except Exception:  # another process made it between our look and our create
+            experiment = client.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
 
     def _existing_run(self):
         """The store's run of this run folder (the newest, if several), or None."""
@@ -326,6 +334,15 @@ def logger_environment(loggers: Iterable[str], logger_dir: str, base: str) -> di
     into ``logger_dir``, each run named by its path below ``base``."""
     return {ENV_LOGGERS: ",".join(loggers), ENV_LOGGER_DIR: str(logger_dir),
             ENV_LOGGER_BASE: str(base)}
+
+
+def prepare_store(loggers: Iterable[str], logger_dir: str | Path) -> None:
+    """Make, once and before a sweep's workers start, what their runs would otherwise race
+    to make in one shared store: MLflow's experiment (two processes creating it at once in
+    a fresh file store could leave two experiments of one name, or one logger dropped)."""
+    if "mlflow" in loggers:
+        store = Path(logger_dir) / "mlruns"
+        MLflowLogger(store, {}, str(logger_dir), "")._experiment_id(create=True)
 
 
 def environment_tracker(config) -> Tracker | None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from flnotes.engine.tracking import logger_environment
+from flnotes.engine.tracking import logger_environment, prepare_store
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import (
@@ -256,6 +256,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
         meta["loggers"] = list(loggers)
         meta["logger_dir"] = str(Path(logger_dir or out).resolve())
         meta["logger_base"] = str(out)  # runs are named by their path below it
+        prepare_store(loggers, meta["logger_dir"])  # before the workers share it
     records, todo = {}, []
     for cell in cells:
         if not force and cell_status(out, cell) == "completed":
