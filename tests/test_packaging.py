@@ -105,6 +105,35 @@ def test_a_sweeps_logger_gets_each_cells_rounds_in_one_store(tmp_path):
         assert not (run_dir / "tensorboard").exists()
 
 
+def test_a_logger_asked_for_after_the_sweep_gets_the_finished_cells_once(tmp_path, capsys):
+    """Cells finished by an earlier sweep are not run again; a later ``--logger`` copies
+    their runs' rounds into the store (each once: a third sweep adds nothing)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from flnotes.repro.sweep import run_sweep
+
+    notebook = write_notebook(tmp_path, TRAIN)
+    grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name,
+                                           "grid": {"lr": [0.05, 0.1]}, "seeds": [0]}))
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    run_sweep(grid, out, progress=False)
+    capsys.readouterr()
+    for attempt in range(2):
+        summary = run_sweep(grid, out, progress=True, loggers=["tensorboard"], logger_dir=logs)
+        assert set(summary["status"]) == {"skipped (done)"}  # not run again
+        err = capsys.readouterr().err
+        assert ("2 finished run(s) of earlier cells logged" in err) == (attempt == 0)
+        for cell in grid.cells:
+            run_dir = out / "cells" / cell.id / "runs" / "fedavg" / "seed0"
+            rows = [json.loads(line)
+                    for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            events = EventAccumulator(str(logs / "tensorboard" / run_dir.relative_to(out)))
+            events.Reload()
+            logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
+            assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in rows]
+
+
 def test_a_bad_loggers_variable_is_one_line_and_leaves_the_folder_usable(tmp_path,
                                                                         monkeypatch):
     from flnotes.config import RunConfig

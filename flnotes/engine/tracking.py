@@ -345,6 +345,23 @@ def prepare_store(loggers: Iterable[str], logger_dir: str | Path) -> None:
         MLflowLogger(store, {}, str(logger_dir), "")._experiment_id(create=True)
 
 
+def log_finished_folder(names: Iterable[str], run_dir: str | Path, logger_dir: str | Path,
+                        base: str | Path) -> list[str]:
+    """A finished run folder's rounds (metrics.jsonl) into the loggers' shared store, each
+    logger that holds nothing of it yet (``sweep --logger`` over cells finished before);
+    returns the loggers that got them. ValueError for a damaged folder (one line)."""
+    from flnotes.engine.history import read_metrics, read_run_json
+
+    run_dir = Path(run_dir)
+    meta = read_run_json(run_dir / "run.json")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    tracker = Tracker(names, run_dir, meta["config"], logger_dir,
+                      label=_run_label(run_dir, Path(base)))
+    done = tracker.backfill(rows)
+    tracker.close(meta["status"])
+    return done
+
+
 def environment_tracker(config) -> Tracker | None:
     """The Tracker that ``FLNOTES_LOGGERS`` (a comma list), ``FLNOTES_LOGGER_DIR`` and
     ``FLNOTES_LOGGER_BASE`` ask for, for ``config``'s run folder (None when unset or the run

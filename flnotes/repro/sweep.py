@@ -264,6 +264,8 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
             records[cell.id]["skipped"] = True
         else:
             todo.append(cell)
+    if loggers:  # cells finished before: their runs' rounds into the store too, once
+        _log_finished_cells(out, [c for c in cells if c not in todo], meta, progress)
     jobs = [(str(grid.notebook), vars(c), str(out / "cells" / c.id), meta) for c in todo]
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=grid.name, unit="cell",
                disable=not progress)
@@ -319,6 +321,26 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     summary = summarise([records[c.id] for c in cells if c.id in records], out)
     summary.to_csv(out / "summary.csv", index=False)
     return summary
+
+
+def _log_finished_cells(out: Path, cells: list[Cell], meta: dict, progress: bool) -> None:
+    """``--logger`` over cells that finished in an earlier sweep (they are not run again):
+    each of their run folders' rounds into the store, unless the store holds it already."""
+    from flnotes.engine.tracking import log_finished_folder
+
+    logged = 0
+    for cell in cells:
+        for run_json in sorted((out / "cells" / cell.id).rglob("run.json")):
+            try:
+                done = log_finished_folder(meta["loggers"], run_json.parent,
+                                           meta["logger_dir"], meta["logger_base"])
+            except ValueError as err:  # a damaged folder: said, the others still logged
+                print(f"sweep: not logged: {err}", file=sys.stderr)
+                continue
+            logged += bool(done)
+    if logged and progress:
+        print(f"sweep: {logged} finished run(s) of earlier cells logged into "
+              f"{meta['logger_dir']}", file=sys.stderr)
 
 
 def select_cells(grid: Grid, only: list[str] | None) -> list[Cell]:
