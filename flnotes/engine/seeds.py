@@ -81,6 +81,7 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
     sims: list[Simulation] = []
     try:
         for c in configs:  # one at a time, so at most two copies of the data exist at once
+            check_stop()  # 200 seeds take a while to set up: a stop need not wait for them
             first = sims[0].task if sims else None
             sims.append(Simulation(c, task=share_identical_data(build_task(c), first)))
     except BaseException:  # a seed's folder refused: the seeds opened so far let go of theirs

@@ -19,6 +19,7 @@ without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import threading
@@ -232,7 +233,8 @@ class Explorer:
                 return  # a newer move stopped it and owns the figure
             except BaseException as err:  # shown under the figure, not lost in a log
                 error = err
-            loop.add_callback(self._finish_background, move, busy, error)
+            with contextlib.suppress(RuntimeError):  # the kernel's loop closed: shut down
+                loop.add_callback(self._finish_background, move, busy, error)
 
         thread = threading.Thread(target=work, name="flnotes explorer", daemon=True)
         self._worker = (thread, stop)
