@@ -680,3 +680,61 @@ def test_longer_races_show_fewer_first_seeds_never_fewer_than_two():
         assert counts[:15] == [most] * 15
         assert counts == sorted(counts, reverse=True) and min(counts) == 2
         assert counts[-1] < most
+
+
+def test_a_move_from_the_page_leaves_a_real_kernel_free_while_the_race_runs(tmp_path):
+    """In a running kernel, a widget message (what the page sends when a student moves a
+    control) is answered with the first seeds' picture, and the kernel goes idle while the
+    rest of the race runs in a worker: the next move is answered at once. The worker's whole
+    picture then shows through the kernel's own loop (its "drawing..." note gone)."""
+    from flnotes.repro.kernel import current_kernel
+    from flnotes.repro.notebooks import quiet_kernel_manager
+
+    manager = quiet_kernel_manager()(kernel_name=current_kernel())
+    manager.start_kernel(cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+
+        def idle_after(msg_id: str) -> list[dict]:
+            seen = []
+            while True:
+                msg = client.get_iopub_msg(timeout=120)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                seen.append(msg)
+                if (msg["msg_type"] == "status"
+                        and msg["content"]["execution_state"] == "idle"):
+                    return seen
+
+        def run(code: str) -> str:
+            seen = idle_after(client.execute(code))
+            errors = [m["content"]["evalue"] for m in seen if m["msg_type"] == "error"]
+            assert not errors, errors
+            return "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+
+        model = run("import torch; torch.set_num_threads(1)\n"
+                    "from IPython.display import display\n"
+                    "from flnotes.toy import widgets\n"
+                    "ex = widgets.race_explorer(seeds=40, rounds=6)\n"
+                    "display(ex)\n"
+                    "print(ex.controls['algorithm'].model_id, "
+                    "list(ex.controls['algorithm'].options).index('fml'), end='')")
+        comm_id, index = model.split()
+        # FML's seeds run one after another: its race of 40 seeds outlasts the move by far
+        move = client.session.msg("comm_msg", {"comm_id": comm_id, "data": {
+            "method": "update", "state": {"index": int(index)}, "buffer_paths": []}})
+        client.shell_channel.send(move)
+        idle_after(move["header"]["msg_id"])
+        state = run("print(ex.values()['algorithm'], ex._worker is not None, "
+                    "'running' in ex.note.value, end='')")
+        assert state == "fml True True"  # answered; the rest still racing in the worker
+        run("assert ex.wait(120)")  # the worker is done; its picture comes on the loop
+        run("import time; time.sleep(0.2)")  # the loop runs the callback before this cell
+        state = run("print(ex._worker is None, repr(ex.status), repr(ex.note.value), "
+                    "ex.last_preview is not None, end='')")
+        assert state == "True '' '' True"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
