@@ -8,6 +8,7 @@ uninterrupted run would, and the loop and vmap backends see the same batches.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -39,8 +40,12 @@ def seeded_cpu_rng(seed: int, *tags: object) -> Iterator[None]:
 
     The generator is restored afterwards. Only the CPU's: models are built on the CPU, and
     torch.manual_seed would also reseed every GPU's generator, which fork_rng(devices=[])
-    leaves changed.
+    leaves changed. One thread at a time: the generator is the process's (a notebook
+    explorer's worker thread builds models while a cell may build others).
     """
-    with torch.random.fork_rng(devices=[]):
+    with _CPU_RNG, torch.random.fork_rng(devices=[]):
         torch.random.default_generator.manual_seed(derive_seed(seed, *tags))
         yield
+
+
+_CPU_RNG = threading.RLock()  # held while seeded_cpu_rng has torch's CPU generator seeded

@@ -16,11 +16,11 @@ kernel, and a control that is disabled must say why beside it. A control disable
 (alpha under FedAvg) is moved once a dropdown has enabled it. Then every slider goes to both
 ends and to a typed value (its readout), every dropdown to its first and last option, and
 one slider is pressed four times without waiting (an impatient student; in 04 the seeds, each
-press racing in a worker thread that the next press stops): once the kernel is done the
-picture must be a fresh draw of the last setting. Finally the notebook is saved and the
-page reloaded: no widget may fail to show; then its kernel is shut down and the notebook
-opened again, as a student reopens a saved copy another day: the stored figures and the
-controls as saved show, and no widget error.
+press racing in a worker thread that the next press stops if it is still running): once the
+kernel is done the picture must be a fresh draw of the last setting. Finally the notebook is
+saved and the page reloaded: no widget may fail to show; then its kernel is shut down and the
+notebook opened again, as a student reopens a saved copy another day: the stored figures and
+the controls as saved show, and no widget error.
 
 The module skips, with one line saying what is missing, where Chromium or Playwright is not
 installed; ``.ci/run`` installs Debian's ``chromium`` and sets ``FLNOTES_REQUIRE_BROWSER=1``,
@@ -538,9 +538,9 @@ class Mover:
     def presses(self, cell, times: int = 4) -> None:
         """One slider pressed ``times`` times in a row without waiting for the figure (the
         race's seeds, first typed to 30: above its first picture's seeds, so that every
-        press races in a worker that the next press stops). Once the kernel is done, nothing
-        raised and the picture is a fresh full draw of the last setting, not of an earlier
-        press."""
+        press races in a worker, which the next press stops if it has not finished; tests/
+        test_widgets.py checks the stop itself). Once the kernel is done, nothing raised and
+        the picture is a fresh full draw of the last setting, not of an earlier press."""
         sliders = [(kind, label, row) for kind, label, row in _controls(cell)
                    if kind == "slider" and not _disabled(kind, row)]
         if not sliders:

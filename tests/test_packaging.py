@@ -2,6 +2,7 @@
 notebook series copied out, a sweep's runs logged to one TensorBoard store as they go."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -105,12 +106,12 @@ def test_a_sweeps_logger_gets_each_cells_rounds_in_one_store(tmp_path):
         assert not (run_dir / "tensorboard").exists()
 
 
-def test_a_logger_asked_for_after_the_sweep_gets_the_finished_cells_once(tmp_path, capsys):
+@pytest.mark.parametrize("logger", ["tensorboard", "mlflow"])
+def test_a_logger_asked_for_after_the_sweep_gets_the_finished_cells_once(tmp_path, capsys,
+                                                                          logger):
     """Cells finished by an earlier sweep are not run again; a later ``--logger`` copies
     their runs' rounds into the store (each once: a third sweep adds nothing)."""
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+    pytest.importorskip(logger)
     from flnotes.repro.sweep import run_sweep
 
     notebook = write_notebook(tmp_path, TRAIN)
@@ -120,7 +121,7 @@ def test_a_logger_asked_for_after_the_sweep_gets_the_finished_cells_once(tmp_pat
     run_sweep(grid, out, progress=False)
     capsys.readouterr()
     for attempt in range(2):
-        summary = run_sweep(grid, out, progress=True, loggers=["tensorboard"], logger_dir=logs)
+        summary = run_sweep(grid, out, progress=True, loggers=[logger], logger_dir=logs)
         assert set(summary["status"]) == {"skipped (done)"}  # not run again
         err = capsys.readouterr().err
         assert ("2 finished run(s) of earlier cells logged" in err) == (attempt == 0)
@@ -128,10 +129,27 @@ def test_a_logger_asked_for_after_the_sweep_gets_the_finished_cells_once(tmp_pat
             run_dir = out / "cells" / cell.id / "runs" / "fedavg" / "seed0"
             rows = [json.loads(line)
                     for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            events = EventAccumulator(str(logs / "tensorboard" / run_dir.relative_to(out)))
-            events.Reload()
-            logged = [(e.step, e.value) for e in events.Scalars("accuracy")]
+            logged = _logged_accuracy(logger, logs, out, run_dir)
             assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in rows]
+
+
+def _logged_accuracy(logger: str, logs, out, run_dir) -> list[tuple[int, float]]:
+    """(round, accuracy) as the store holds them for one run folder (every copy of it)."""
+    if logger == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(logs / "tensorboard" / run_dir.relative_to(out)))
+        events.Reload()
+        return [(e.step, e.value) for e in events.Scalars("accuracy")]
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(logs / "mlruns").resolve().as_uri())
+    experiment = client.get_experiment_by_name("flnotes")
+    runs = [r for r in client.search_runs([experiment.experiment_id])
+            if r.data.tags.get("flnotes.run_dir") == str(run_dir.resolve())]
+    return sorted((m.step, m.value) for r in runs
+                  for m in client.get_metric_history(r.info.run_id, "accuracy"))
 
 
 def test_a_bad_loggers_variable_is_one_line_and_leaves_the_folder_usable(tmp_path,

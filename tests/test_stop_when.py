@@ -70,24 +70,30 @@ def test_a_stop_set_before_the_block_starts_nothing(tiny_config, tmp_path):
 
 
 def test_a_stop_belongs_to_the_thread_that_asked_for_it(tiny_config):
-    """The event stops the worker thread's runs only: the main thread's go on, and the
-    worker's stop ends with its block."""
-    stop = threading.Event()
-    stop.set()
+    """While a worker's block is open and its event set, the main thread's runs go on (the
+    stop is the worker's alone); the worker's stop ends with its block."""
+    stop, inside, main_done = threading.Event(), threading.Event(), threading.Event()
     seen = []
 
     def worker():
-        try:
-            with stop_when(stop):
-                run(tiny_config, progress=False)
-        except Stopped:
-            seen.append("stopped")
+        with stop_when(stop):
+            inside.set()
+            main_done.wait(120)  # the block stays open while the main thread runs
+            try:
+                check_stop()
+            except Stopped:
+                seen.append("stopped")
         check_stop()  # outside the block: nothing to stop
         seen.append("after")
 
     thread = threading.Thread(target=worker)
     thread.start()
-    history = run(tiny_config.replace(rounds=1), progress=False)  # main thread: not stopped
-    thread.join()
+    assert inside.wait(60)
+    stop.set()
+    try:
+        history = run(tiny_config.replace(rounds=2), progress=False)  # not stopped
+    finally:
+        main_done.set()
+        thread.join()
     assert seen == ["stopped", "after"] and history.status == "completed"
     assert isinstance(Stopped(), KeyboardInterrupt)  # every Ctrl-C cleanup applies to it

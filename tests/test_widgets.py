@@ -1,6 +1,7 @@
 """Explorers redraw without a browser; every toy plot function returns a Figure."""
 
 import io
+import threading
 
 import matplotlib
 
@@ -609,6 +610,47 @@ def test_a_page_move_answers_with_its_first_seeds_and_races_the_rest_in_a_worker
     monkeypatch.setattr(ex, "_page_move_loop", widgets.Explorer._page_move_loop)
     ex.set(alpha=4.5)
     assert ex._worker is None and _same_picture(ex.last_png, _fresh_png(ex))
+
+
+def test_a_newer_move_stops_the_running_worker_and_a_stale_picture_never_shows(monkeypatch):
+    """The worker of a move stops at its next check once a newer move comes (it raises
+    Stopped inside the race and queues nothing); a worker that finished before a newer move
+    made by code queues a picture that is dropped, not shown over the newer one."""
+    import time
+
+    from flnotes.engine.stops import Stopped, check_stop
+
+    toy.forget_races()
+    loop = _KernelLoop()
+    ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 2, rounds=2)
+    ex.png()
+    monkeypatch.setattr(ex, "_page_move_loop", lambda: loop)
+    ended, racing = [], threading.Event()
+
+    def endless(values):  # a race that only a stop ends (or 30 s, failing the test)
+        racing.set()
+        try:
+            for _ in range(3000):
+                check_stop()
+                time.sleep(0.01)
+        except Stopped:
+            ended.append("stopped")
+            raise
+        ended.append("ran out")
+
+    monkeypatch.setattr(ex, "prepare", endless)
+    ex.controls["alpha"].value = 3.0
+    assert racing.wait(30)
+    monkeypatch.setattr(ex, "prepare", lambda values: None)  # the next move's: done at once
+    ex.controls["alpha"].value = 3.5
+    assert ended == ["stopped"]
+    assert ex.wait(30) and len(loop.callbacks) == 1  # the second move's picture only
+    # That callback is stale once a move by code has drawn a newer setting
+    monkeypatch.setattr(ex, "_page_move_loop", widgets.Explorer._page_move_loop)
+    ex.set(alpha=4.0)
+    newer = ex.last_png
+    loop.run()
+    assert ex.last_png == newer and _same_picture(newer, _fresh_png(ex))
 
 
 def test_a_worker_that_fails_leaves_the_last_picture_and_says_why(monkeypatch):

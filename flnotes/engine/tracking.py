@@ -141,11 +141,13 @@ class MLflowLogger:
 
     name = "mlflow"
 
-    def __init__(self, store: Path, settings: dict, run_dir: str, run_name: str) -> None:
+    def __init__(self, store: Path, settings: dict, run_dir: str, run_name: str,
+                 known: set[str] | None = None) -> None:
         self.store = Path(store)
         self.settings = settings
         self.run_dir = str(Path(run_dir).resolve())
         self.run_name = run_name
+        self.known = known  # the run folders the store holds, when read beforehand
         self._client = None
         self._run_id: str | None = None
 
@@ -180,7 +182,7 @@ class MLflowLogger:
 
     def _existing_run(self):
         """The store's run of this run folder (the newest, if several), or None."""
-        if not self.store.is_dir():
+        if not self.store.is_dir() or (self.known is not None and self.run_dir not in self.known):
             return None
         experiment_id = self._experiment_id(create=False)
         if experiment_id is None:
@@ -198,7 +200,22 @@ class MLflowLogger:
                 return None
 
     def has_data(self) -> bool:
+        if self.known is not None:
+            return self.run_dir in self.known
         return self._existing_run() is not None
+
+    def run_dirs(self) -> set[str]:
+        """Every run folder the store holds a run of (one pass over the store)."""
+        experiment_id = self._experiment_id(create=False) if self.store.is_dir() else None
+        found, token = set(), None
+        while experiment_id is not None:
+            page = self._connect().search_runs([experiment_id], max_results=1000,
+                                               page_token=token)
+            found |= {run.data.tags.get(RUN_DIR_TAG) for run in page} - {None}
+            token = page.token
+            if not token:
+                break
+        return found
 
     def _open(self) -> None:
         from mlflow.entities import Param
@@ -247,7 +264,8 @@ class Tracker:
     one warning line on stderr (the run and its metrics.jsonl go on)."""
 
     def __init__(self, names: Iterable[str], run_dir: str | Path, settings: dict,
-                 logger_dir: str | Path | None = None, label: str | None = None) -> None:
+                 logger_dir: str | Path | None = None, label: str | None = None,
+                 mlflow_known: set[str] | None = None) -> None:
         names = list(names)
         check_installed(names)
         run_dir = Path(run_dir)
@@ -260,7 +278,7 @@ class Tracker:
                 self.loggers.append(TensorBoardLogger(base / "tensorboard" / label, settings))
             else:
                 self.loggers.append(MLflowLogger(base / "mlruns", settings, str(run_dir),
-                                                 label or run_dir.name))
+                                                 label or run_dir.name, known=mlflow_known))
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -336,6 +354,11 @@ def logger_environment(loggers: Iterable[str], logger_dir: str, base: str) -> di
             ENV_LOGGER_BASE: str(base)}
 
 
+def mlflow_run_dirs(logger_dir: str | Path) -> set[str]:
+    """The run folders that the MLflow store under ``logger_dir`` holds runs of."""
+    return MLflowLogger(Path(logger_dir) / "mlruns", {}, str(logger_dir), "").run_dirs()
+
+
 def prepare_store(loggers: Iterable[str], logger_dir: str | Path) -> None:
     """Make, once and before a sweep's workers start, what their runs would otherwise race
     to make in one shared store: MLflow's experiment (two processes creating it at once in
@@ -346,17 +369,21 @@ def prepare_store(loggers: Iterable[str], logger_dir: str | Path) -> None:
 
 
 def log_finished_folder(names: Iterable[str], run_dir: str | Path, logger_dir: str | Path,
-                        base: str | Path) -> list[str]:
+                        base: str | Path, mlflow_known: set[str] | None = None) -> list[str]:
     """A finished run folder's rounds (metrics.jsonl) into the loggers' shared store, each
     logger that holds nothing of it yet (``sweep --logger`` over cells finished before);
-    returns the loggers that got them. ValueError for a damaged folder (one line)."""
+    returns the loggers that got them. ValueError for a damaged folder (one line).
+    ``mlflow_known``: the run folders the MLflow store holds (:func:`mlflow_run_dirs`, read
+    once for many folders instead of a search of the store per folder)."""
     from flnotes.engine.history import read_metrics, read_run_json
 
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir / "run.json")
     rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:  # nothing to copy (a run stopped before its first round)
+        return []
     tracker = Tracker(names, run_dir, meta["config"], logger_dir,
-                      label=_run_label(run_dir, Path(base)))
+                      label=_run_label(run_dir, Path(base)), mlflow_known=mlflow_known)
     done = tracker.backfill(rows)
     tracker.close(meta["status"])
     return done

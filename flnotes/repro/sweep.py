@@ -326,18 +326,22 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
 def _log_finished_cells(out: Path, cells: list[Cell], meta: dict, progress: bool) -> None:
     """``--logger`` over cells that finished in an earlier sweep (they are not run again):
     each of their run folders' rounds into the store, unless the store holds it already."""
-    from flnotes.engine.tracking import log_finished_folder
+    from flnotes.engine.tracking import log_finished_folder, mlflow_run_dirs
 
+    folders = [run_json.parent for cell in cells
+               for run_json in sorted((out / "cells" / cell.id).rglob("run.json"))]
+    # MLflow's file store reads every run on each search: read it once for all folders
+    known = (mlflow_run_dirs(meta["logger_dir"]) if folders and "mlflow" in meta["loggers"]
+             else None)
     logged = 0
-    for cell in cells:
-        for run_json in sorted((out / "cells" / cell.id).rglob("run.json")):
-            try:
-                done = log_finished_folder(meta["loggers"], run_json.parent,
-                                           meta["logger_dir"], meta["logger_base"])
-            except ValueError as err:  # a damaged folder: said, the others still logged
-                print(f"sweep: not logged: {err}", file=sys.stderr)
-                continue
-            logged += bool(done)
+    for folder in folders:
+        try:
+            done = log_finished_folder(meta["loggers"], folder, meta["logger_dir"],
+                                       meta["logger_base"], mlflow_known=known)
+        except ValueError as err:  # a damaged folder: said, the others still logged
+            print(f"sweep: not logged: {err}", file=sys.stderr)
+            continue
+        logged += bool(done)
     if logged and progress:
         print(f"sweep: {logged} finished run(s) of earlier cells logged into "
               f"{meta['logger_dir']}", file=sys.stderr)

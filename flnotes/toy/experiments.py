@@ -251,8 +251,16 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
     kept one reads those seeds' rows (equal to their own race to float tolerance: a stack
     of other seeds around them changes only the last bits); :func:`forget_races` drops them.
     """
-    with _RACING:  # one race at a time: an explorer's worker thread may be racing
+    from flnotes.engine.stops import check_stop
+
+    # One race at a time: an explorer's worker thread may be racing. A worker waiting here
+    # for another thread's race can still be stopped (a newer move need not wait for both).
+    while not _RACING.acquire(timeout=0.05):
+        check_stop()
+    try:
         return _kept_or_run(algorithms, seeds, processes, stack, progress, overrides)
+    finally:
+        _RACING.release()
 
 
 def _kept_or_run(algorithms, seeds, processes: int, stack: bool, progress: bool,

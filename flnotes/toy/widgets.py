@@ -237,8 +237,8 @@ class Explorer:
                 loop.add_callback(self._finish_background, move, busy, error)
 
         thread = threading.Thread(target=work, name="flnotes explorer", daemon=True)
-        self._worker = (thread, stop)
         thread.start()
+        self._worker = (thread, stop)
 
     def _finish_background(self, move: int, busy, error: BaseException | None) -> None:
         """On the main thread, when the worker of redraw ``move`` is done: its whole picture
@@ -268,12 +268,15 @@ class Explorer:
         thread, stop = self._worker
         self._worker = None
         stop.set()
-        thread.join()
-        for note in self.busy.values():
-            note.value = ""
+        try:
+            thread.join()
+        finally:  # an interrupt during the join leaves no "drawing..." standing
+            for note in self.busy.values():
+                note.value = ""
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for a worker computing the whole picture; True once none runs."""
+        """Wait for a worker computing the whole picture; True once none runs. (Its picture
+        then still waits for the kernel's loop: it shows once the running cell ends.)"""
         worker = self._worker
         if worker is not None:
             worker[0].join(timeout)
