@@ -438,6 +438,12 @@ def test_a_long_race_shows_its_first_seeds_then_all_of_them():
     assert ex.note.value == ""  # the "first seeds" line is gone with the whole picture
     ex.set(alpha=2.0)  # the starting race, kept
     assert ex.last_preview is None
+    # A new learning rate: FedAvg's race is new too, so each shows half as many first seeds
+    half = widgets.PREVIEW_SEEDS // 2
+    assert ex.preview({**ex.values(), "lr": 0.12})[0] == {"seeds": half}
+    ex.set(lr=0.12)
+    assert (np.abs(pixels(ex.last_preview) - fresh(seeds=half)).sum(-1) > 30).sum() <= 20
+    ex.set(lr=0.1)
     small = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS, rounds=2)
     small.set(alpha=3.5)
     assert small.last_preview is None  # nothing quicker to show

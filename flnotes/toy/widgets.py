@@ -1013,6 +1013,9 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
         """The first seeds' picture first, when the whole race is not kept: a student sees
         an answer at once, then all the seeds."""
         seeds, first = int(values["seeds"]), preview_seeds(values["algorithm"], values["rounds"])
+        if values["algorithm"] != BASELINE and not race_rows_kept(
+                options=options, **{**values, "algorithm": BASELINE, "seeds": first}):
+            first = max(2, first // 2)  # FedAvg races anew too (a new lr or rounds): half each
         if seeds <= first or race_rows_kept(options=options, **values):
             return None
         return ({"seeds": first},
