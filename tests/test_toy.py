@@ -255,6 +255,37 @@ def test_a_race_that_writes_somewhere_is_never_read_back(monkeypatch, tmp_path):
     assert not toy.kept_race("fedavg", 2, rounds=2)
 
 
+def test_a_race_of_more_seeds_than_a_kept_one_runs_only_the_seeds_it_lacks(monkeypatch):
+    """More seeds for the explorer's interval: the kept first seeds' rows are read back and
+    only the others run (methods lacking the same seeds together); the whole equals a race
+    of all the seeds from scratch to float tolerance."""
+    from flnotes.toy import experiments
+
+    toy.forget_races()
+    try:
+        fresh = toy.race(["fedavg", "fedqp"], seeds=6, rounds=3)
+        toy.forget_races()
+        first = toy.race(["fedavg", "fedqp"], seeds=4, rounds=3)
+        ran = []
+        real = experiments.method_rows
+        monkeypatch.setattr(experiments, "method_rows",
+                            lambda job: ran.append((job[0], list(job[1]))) or real(job))
+        more = toy.race(["fedavg", "fedqp"], seeds=6, rounds=3)
+        assert ran == [("fedavg", [4, 5]), ("fedqp", [4, 5])]
+        assert [r["seed"] for r in more] == [0, 1, 2, 3, 4, 5] * 2
+        assert more[:4] == first[:4] and more[6:10] == first[4:]  # read back as they were
+        for a, b in zip(more, fresh, strict=True):
+            assert (a["algorithm"], a["seed"], a["accuracy"]) == (
+                b["algorithm"], b["seed"], b["accuracy"])
+            for key in ("x", "y", "loss"):
+                assert a[key] == pytest.approx(b[key], abs=1e-5)
+        toy.race(["fedqp"], seeds=6, rounds=3)  # now kept whole
+        toy.race(["fedqp"], seeds=[0, 1, 2, 3, 7], rounds=3)  # the kept head, then seed 7
+        assert ran[2:] == [("fedqp", [7])]
+    finally:
+        toy.forget_races()
+
+
 def test_a_race_of_the_first_seeds_reads_them_from_a_kept_longer_race(monkeypatch):
     """The explorer's quick picture (its first seeds) reads a kept race of more seeds: the
     same seeds' rows, equal to their own race to float tolerance, and nothing is run."""

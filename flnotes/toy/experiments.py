@@ -247,9 +247,10 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
 
     A method's rows are kept (the last :data:`RACES_KEPT` methods' races): a run is a function
     of its config and seed, so a later race of the same method, seeds and setting (notebook
-    04's explorer after the table's race) reuses them, and a race of the first seeds of a
-    kept one reads those seeds' rows (equal to their own race to float tolerance: a stack
-    of other seeds around them changes only the last bits); :func:`forget_races` drops them.
+    04's explorer after the table's race) reuses them, a race of the first seeds of a kept
+    one reads those seeds' rows, and a race of more seeds than a kept one runs only the
+    seeds it lacks (rows equal to their own race to float tolerance: a stack of other seeds
+    around them changes only the last bits); :func:`forget_races` drops them.
     """
     from flnotes.engine.stops import check_stop
 
@@ -272,17 +273,37 @@ def _kept_or_run(algorithms, seeds, processes: int, stack: bool, progress: bool,
     keys = {a: _race_key(a, seeds, stack, overrides) for a in algorithms}
     found = {a: rows for a in algorithms if (rows := _kept_rows(keys[a])) is not None}
     todo = [a for a in dict.fromkeys(algorithms) if a not in found]
-    if todo:
-        for algorithm, rows in zip(todo, _run_races(todo, seeds, processes, stack, progress,
-                                                    overrides), strict=True):
-            found[algorithm] = rows
+    # A method kept for the first seeds only runs the seeds it lacks (more seeds for the
+    # explorer's interval); methods lacking the same seeds run together.
+    head = {a: _kept_head(keys[a]) for a in todo}
+    lacking: dict[tuple, list[str]] = {}
+    for a in todo:
+        lacking.setdefault(tuple(seeds[len(head[a]):]), []).append(a)
+    for rest, group in lacking.items():
+        for algorithm, rows in zip(group, _run_races(group, list(rest), processes, stack,
+                                                     progress, overrides), strict=True):
+            found[algorithm] = [*head[algorithm], *rows]
             if keys[algorithm] is not None:
-                _RACES[keys[algorithm]] = rows
+                _RACES[keys[algorithm]] = found[algorithm]
                 while len(_RACES) > RACES_KEPT:
                     del _RACES[next(iter(_RACES))]
-    elif progress and algorithms:
+    if not todo and progress and algorithms:
         print(f"race: the {len(algorithms)} methods' rows from an earlier race")
     return [dict(row) for a in algorithms for row in found[a]]
+
+
+def _kept_head(key) -> list[dict]:
+    """The rows of the longest kept race whose seeds begin ``key``'s (same method, setting
+    and stacking), fewer seeds than ``key`` asks for; [] if none."""
+    if key is None:
+        return []
+    config, cls, seeds, stack = key
+    best: list[dict] = []
+    for (other, other_cls, fewer, other_stack), rows in _RACES.items():
+        if ((other, other_cls, other_stack) == (config, cls, stack)
+                and len(best) < len(fewer) < len(seeds) and seeds[:len(fewer)] == fewer):
+            best = rows
+    return best
 
 
 RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB of rows)
