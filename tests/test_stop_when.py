@@ -97,3 +97,9 @@ def test_a_stop_belongs_to_the_thread_that_asked_for_it(tiny_config):
         thread.join()
     assert seen == ["stopped", "after"] and history.status == "completed"
     assert isinstance(Stopped(), KeyboardInterrupt)  # every Ctrl-C cleanup applies to it
+
+
+def test_stop_when_wants_an_event():
+    with pytest.raises(TypeError, match="stop_when needs a threading.Event, got bool True"):
+        with stop_when(True):
+            pass

@@ -34,6 +34,9 @@ _STOP = threading.local()  # .event: the threading.Event that stops this thread'
 def stop_when(event: threading.Event):
     """Within the block, this thread's runs stop (:class:`Stopped`) at the next round once
     ``event`` is set (by any thread): a worker thread made stoppable without killing it."""
+    if not callable(getattr(event, "is_set", None)):
+        raise TypeError(f"stop_when needs a threading.Event, got {type(event).__name__} "
+                        f"{event!r:.40}")
     before = getattr(_STOP, "event", None)
     _STOP.event = event
     try:
