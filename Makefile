@@ -33,10 +33,11 @@ demo: install
 # Two workers (pytest-xdist), each file on one of them (its module fixtures, JupyterLab and
 # Ray, start once), one torch thread each: the 2-core CI machine is busy with both, and two
 # threads per process there are slower than one. TEST_WORKERS=0 runs them in this process.
+# No test uses pytest-benchmark; where it is installed it warns under xdist: not loaded.
 TEST_WORKERS ?= 2
 test: install-test
 	$(PYTHON) -m ruff check flnotes tests
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests notebooks --nbval-lax \
-	  --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider \
+	  --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider -p no:benchmark \
 	  -n $(TEST_WORKERS) --dist loadfile; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
