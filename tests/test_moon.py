@@ -166,6 +166,27 @@ def test_no_head_on_the_toy_trains_as_fedavg():
                            rtol=0, atol=0)
 
 
+def test_without_a_head_moon_trains_as_fedavg_does_so_its_seeds_stack(moon_config):
+    """Known before a run: MOON's own update needs a classifier head. Without one (the toy)
+    its clients train by FedAvg's training, on any backend, and its seeds stack; with one
+    they run MOON's update."""
+    from flnotes.toy.experiments import stacks_seeds
+    from flnotes.toy.task import state_of
+
+    assert not MOON.uses_custom_update(state_of((0.0, 0.0)))
+    task = build_task(moon_config)
+    assert MOON.uses_custom_update(task.working_model().state_dict())
+    config = toy.toy_config("moon", rounds=3, num_clients=3, clients_per_round=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        strategy = Simulation(config).strategy
+        loop = run(config.replace(backend="loop"), progress=False)
+        vmap = run(config.replace(backend="vmap"), progress=False)
+    assert strategy.custom_local_update is False and MOON.custom_local_update is True
+    assert stacks_seeds("moon") and not stacks_seeds("fml")
+    assert states_allclose(loop.final_state, vmap.final_state, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("field,value", [("moon_mu", -1.0), ("moon_tau", 0.0),
                                          ("moon_tau", float("inf"))])
 def test_bad_settings_are_one_line_errors(field, value):

@@ -157,8 +157,9 @@ def test_race_rows_and_table():
 def test_stacked_race_equals_runs_one_by_one():
     """The race stacks each method's seeds (vmap backend); every row must equal the seed's
     own run on the loop backend, for a stacking method (FedMut, FedMR), one whose clients
-    fall back to the loop inside the stack (FedSAM) and one that runs seed by seed (FML)."""
-    methods = ["fedavg", "fedmut", "fedmr", "fedsam", "fml"]
+    fall back to the loop inside the stack (FedSAM), one that runs seed by seed (FML) and
+    one whose own update the toy's model has no use for (MOON: FedAvg's training, stacked)."""
+    methods = ["fedavg", "fedmut", "fedmr", "fedsam", "fml", "moon"]
     options = {"rounds": 4, "num_clients": 4, "clients_per_round": 2,
                "data_options": {"start": [-0.3, -0.6], "start_jitter": 0.5}}
     stacked = toy.race(methods, seeds=3, **options)

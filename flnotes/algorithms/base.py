@@ -57,7 +57,9 @@ class Strategy:
     # state_dict/load_state_dict: a client-state store, an optimizer, a module). A subclass
     # adds to its parents' declarations.
     checkpointed: dict[str, str | tuple[str, str]] = {}
-    # True when the strategy trains clients itself (FML's two models) via local_update.
+    # True when the strategy trains clients itself (FML's two models) via local_update; an
+    # instance may turn it off for a model its update does not apply to (MOON without a
+    # classifier head trains as FedAvg): see uses_custom_update.
     custom_local_update = False
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
@@ -192,6 +194,13 @@ class Strategy:
         when ``has_batch_loss`` is True; the loop backend runs it (the stack falls back).
         """
         return None
+
+    @classmethod
+    def uses_custom_update(cls, global_state) -> bool:
+        """Whether clients of a model with ``global_state`` train by ``local_update`` (the
+        class's ``custom_local_update``, unless the method's update needs something the
+        model lacks): known before a run, so that seeds can be stacked (the toy's races)."""
+        return cls.custom_local_update
 
     def local_update(self, task, round: int, client: int, start,
                      generator: torch.Generator) -> ClientResult:

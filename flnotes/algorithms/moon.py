@@ -33,7 +33,8 @@ Decisions (the paper, and its authors' code, QinbinLi/MOON, where the paper is s
 - Round 1: the code's pool is still empty, so the contrastive logits hold the positive pair
   alone and l_con is 0; we add no term in round 1 (FedAvg's round 1 bit for bit).
 - A model without a classifier head (the 2-D toy) has no representation to contrast: MOON
-  trains as FedAvg there, and says so once.
+  trains as FedAvg there, with FedAvg's training (stacked seeds, the batched backend), and
+  says so once.
 - Local training: the engine's reference loop (same batches, SGD, momentum and weight decay
   as every method); the batched backend falls back to it.
 """
@@ -97,6 +98,11 @@ class MOON(Strategy):
     default_weighting = "samples"
     custom_local_update = True  # three models per client step; the reference loop runs it
 
+    @classmethod
+    def uses_custom_update(cls, global_state) -> bool:
+        """Only a model with a classifier head has a representation to contrast."""
+        return classifier_head(global_state) is not None
+
     @staticmethod
     def adapt_model(model, config):
         """The task's model with MOON's projection head before a new output layer."""
@@ -116,6 +122,7 @@ class MOON(Strategy):
         if head is None:
             warnings.warn("flnotes: moon needs a model with a classifier head; this one has "
                           "none, so MOON trains as FedAvg", stacklevel=2)
+            self.custom_local_update = False  # FedAvg's training: any backend, stackable
         elif not self.projected:
             raise ValueError("moon: the task's model has no projection head; let run() build "
                              "the task, or build it with algorithm='moon' (build_task) so its "

@@ -197,11 +197,12 @@ def final_metrics(config_values: dict) -> dict:
 
 def stacks_seeds(algorithm: str) -> bool:
     """Whether a method's seeds train as one stack: not for a method with a whole local
-    update of its own (FML, MOON, MimeLite, STEM, FedSMOO), whose batched update is slower
+    update of its own on the toy's model (FML, MimeLite, STEM, FedSMOO; not MOON, which
+    trains as FedAvg on a model without a classifier head), whose batched update is slower
     on a CPU than its loop; those run seed after seed."""
     from flnotes.algorithms import algorithm_class
 
-    return not algorithm_class(algorithm).custom_local_update
+    return not algorithm_class(algorithm).uses_custom_update(state_of((0.0, 0.0)))
 
 
 def _stack_trains(algorithm: str) -> bool:

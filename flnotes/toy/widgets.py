@@ -943,7 +943,7 @@ def race_rows_kept(algorithm: str = "fedqp", alpha: float | None = None, lr: flo
 
 # A race's quick first picture: its first seeds, then all of them. A method whose seeds train
 # as one stack takes 1.6x as long for 10 seeds as for 3 (a round's cost is mostly fixed); one
-# that runs seed after seed (FML, MOON, MimeLite, ...) about 70 ms a seed on a CPU, so it
+# that runs seed after seed (FML, MimeLite, STEM, ...) about 70 ms a seed on a CPU, so it
 # shows fewer.
 PREVIEW_SEEDS = 10
 PREVIEW_SEEDS_ONE_BY_ONE = 3
