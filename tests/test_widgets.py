@@ -659,6 +659,47 @@ def test_a_newer_move_stops_the_running_worker_and_a_stale_picture_never_shows(m
     assert ex.last_png == newer and _same_picture(newer, _fresh_png(ex))
 
 
+def test_one_race_at_a_time_a_move_or_a_new_explorer_stops_another_explorers_worker(
+        monkeypatch):
+    """Races run one at a time in a kernel: a move of one explorer (or a new explorer, a cell
+    run again) stops another explorer's worker instead of waiting for it; that explorer shows
+    its last whole picture again and says why."""
+    import time
+
+    from flnotes.engine.stops import Stopped, check_stop
+
+    toy.forget_races()
+    loop = _KernelLoop()
+    ended = []
+
+    def endless(values):
+        try:
+            for _ in range(3000):
+                check_stop()
+                time.sleep(0.01)
+        except Stopped:
+            ended.append("stopped")
+            raise
+
+    explorers = []
+    for _ in range(2):
+        ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 2, rounds=2)
+        ex.last_png = ex.png()
+        monkeypatch.setattr(ex, "_page_move_loop", lambda: loop)
+        monkeypatch.setattr(ex, "prepare", endless)
+        explorers.append(ex)
+    first, second = explorers
+    first.controls["alpha"].value = 3.0
+    assert first._worker is not None
+    second.controls["alpha"].value = 3.5  # the other explorer's move
+    assert ended == ["stopped"] and first._worker is None
+    assert "stopped: another explorer" in first.note.value and first.status == ""
+    assert second._worker is not None
+    widgets.race_explorer(seeds=4, rounds=2)  # a new explorer: the cell run again
+    assert ended == ["stopped", "stopped"] and second._worker is None
+    assert not loop.callbacks  # no stopped worker's picture comes later
+
+
 def test_a_worker_that_fails_leaves_the_last_picture_and_says_why(monkeypatch):
     toy.forget_races()
     loop = _KernelLoop()

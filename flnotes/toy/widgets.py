@@ -23,6 +23,7 @@ import contextlib
 import html
 import io
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
@@ -63,6 +64,7 @@ class Explorer:
                  preview: Callable[[dict], tuple[dict, str] | None] | None = None,
                  prepare: Callable[[dict], object] | None = None) -> None:
         _settle_garbage_collector()
+        _stop_other_workers(None)  # a cell run again: its old explorer's race is not wanted
         self.draw = draw
         self.preview, self.prepare = preview, prepare
         self.moves = 0  # redraws asked for so far: a worker's result for an older one is stale
@@ -140,6 +142,7 @@ class Explorer:
             return None
         self.moves += 1
         self.stop_background()  # its picture would be stale: this move owns the figure now
+        _stop_other_workers(self)  # one race at a time in a kernel: this move's goes first
         moved = next((n for n, c in self.controls.items()
                       if change is not None and c is getattr(change, "owner", None)), None)
         if moved is not None and self.follow is not None:
@@ -239,6 +242,7 @@ class Explorer:
         thread = threading.Thread(target=work, name="flnotes explorer", daemon=True)
         thread.start()
         self._worker = (thread, stop)
+        _WORKING.add(self)
 
     def _finish_background(self, move: int, busy, error: BaseException | None) -> None:
         """On the main thread, when the worker of redraw ``move`` is done: its whole picture
@@ -246,6 +250,7 @@ class Explorer:
         if move != self.moves:
             return
         self._worker = None
+        _WORKING.discard(self)
         try:
             if error is None:
                 png = self.png()
@@ -260,9 +265,11 @@ class Explorer:
             return
         self._show(png)
 
-    def stop_background(self) -> None:
+    def stop_background(self, reason: str = "") -> None:
         """Stop a worker still computing an earlier move's whole picture (it stops at its
-        next round) and wait for it; its "drawing..." note goes too."""
+        next round) and wait for it; its "drawing..." note goes too. With a ``reason``, the
+        last whole picture shows again, with the reason as its line."""
+        _WORKING.discard(self)
         if self._worker is None:
             return
         thread, stop = self._worker
@@ -273,6 +280,8 @@ class Explorer:
         finally:  # an interrupt during the join leaves no "drawing..." standing
             for note in self.busy.values():
                 note.value = ""
+        if reason:
+            self._take_preview_down(reason)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a worker computing the whole picture; True once none runs. (Its picture
@@ -302,6 +311,19 @@ class Explorer:
         bundle = self.box._repr_mimebundle_()
         bundle["text/plain"] = controls_sentence(self.controls)
         display(bundle, raw=True)
+
+
+# Explorers whose worker thread is computing a whole picture. One race runs at a time in a
+# kernel (flnotes.toy.race holds a lock), so a move, or a new explorer, stops the others':
+# it would otherwise wait for them.
+_WORKING: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop_other_workers(mover: Explorer | None) -> None:
+    for other in list(_WORKING):
+        if other is not mover:
+            other.stop_background("stopped: another explorer in this kernel moved (or was "
+                                  "shown); move a control to see the whole picture")
 
 
 _GC_SETTLED = False
