@@ -537,17 +537,22 @@ class Mover:
 
     def presses(self, cell, times: int = 4) -> None:
         """One slider pressed ``times`` times in a row without waiting for the figure (the
-        race's seeds, first typed to 30: above its first picture's seeds, so that every
-        press races in a worker, which the next press stops if it has not finished; tests/
-        test_widgets.py checks the stop itself). Once the kernel is done, nothing raised and
-        the picture is a fresh full draw of the last setting, not of an earlier press."""
+        race's seeds, first typed to 30 at 15 rounds: above its first picture's seeds, so
+        that every press races in a worker, which the next press stops if it has not
+        finished; tests/test_widgets.py checks the stop itself). Once the kernel is done,
+        nothing raised and the picture is a fresh full draw of the last setting, not of an
+        earlier press."""
         sliders = [(kind, label, row) for kind, label, row in _controls(cell)
                    if kind == "slider" and not _disabled(kind, row)]
         if not sliders:
             return
         kind, label, row = next((c for c in sliders if c[1] == "seeds"), sliders[0])
-        if label == "seeds" and _state(kind, row) != "30":
-            self.move(cell, kind, label, row, typed="30")
+        if label == "seeds":  # races long enough (30 seeds, 15 rounds) to be stopped
+            for other_kind, other, other_row in sliders:
+                if other == "rounds" and _state(other_kind, other_row) != "15":
+                    self.move(cell, other_kind, other, other_row, typed="15")
+            if _state(kind, row) != "30":
+                self.move(cell, kind, label, row, typed="30")
         cell.scroll_into_view_if_needed()
         value = _state(kind, row)
         self.kernel.drain()
