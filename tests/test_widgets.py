@@ -584,6 +584,28 @@ def _fresh_png(ex, **values) -> bytes:
         plt.close(fig)
 
 
+def _endless_race(ended: list, started: threading.Event | None = None):
+    """A worker's ``prepare`` that only a stop ends (or 30 s, failing the test); ``ended``
+    gets "stopped" when the stop lands."""
+    import time
+
+    from flnotes.engine.stops import Stopped, check_stop
+
+    def endless(values):
+        if started is not None:
+            started.set()
+        try:
+            for _ in range(3000):
+                check_stop()
+                time.sleep(0.01)
+        except Stopped:
+            ended.append("stopped")
+            raise
+        ended.append("ran out")
+
+    return endless
+
+
 def test_a_page_move_answers_with_its_first_seeds_and_races_the_rest_in_a_worker(monkeypatch):
     """A move made in the page returns after the quick picture; the worker's whole race
     then shows (a fresh draw of the setting) through the kernel's loop, and "drawing..."
@@ -622,29 +644,13 @@ def test_a_newer_move_stops_the_running_worker_and_a_stale_picture_never_shows(m
     """The worker of a move stops at its next check once a newer move comes (it raises
     Stopped inside the race and queues nothing); a worker that finished before a newer move
     made by code queues a picture that is dropped, not shown over the newer one."""
-    import time
-
-    from flnotes.engine.stops import Stopped, check_stop
-
     toy.forget_races()
     loop = _KernelLoop()
     ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 2, rounds=2)
     ex.png()
     monkeypatch.setattr(ex, "_page_move_loop", lambda: loop)
     ended, racing = [], threading.Event()
-
-    def endless(values):  # a race that only a stop ends (or 30 s, failing the test)
-        racing.set()
-        try:
-            for _ in range(3000):
-                check_stop()
-                time.sleep(0.01)
-        except Stopped:
-            ended.append("stopped")
-            raise
-        ended.append("ran out")
-
-    monkeypatch.setattr(ex, "prepare", endless)
+    monkeypatch.setattr(ex, "prepare", _endless_race(ended, racing))
     ex.controls["alpha"].value = 3.0
     assert racing.wait(30)
     monkeypatch.setattr(ex, "prepare", lambda values: None)  # the next move's: done at once
@@ -664,29 +670,15 @@ def test_one_race_at_a_time_a_move_or_a_new_explorer_stops_another_explorers_wor
     """Races run one at a time in a kernel: a move of one explorer (or a new explorer, a cell
     run again) stops another explorer's worker instead of waiting for it; that explorer shows
     its last whole picture again and says why."""
-    import time
-
-    from flnotes.engine.stops import Stopped, check_stop
-
     toy.forget_races()
     loop = _KernelLoop()
     ended = []
-
-    def endless(values):
-        try:
-            for _ in range(3000):
-                check_stop()
-                time.sleep(0.01)
-        except Stopped:
-            ended.append("stopped")
-            raise
-
     explorers = []
     for _ in range(2):
         ex = widgets.race_explorer(seeds=widgets.PREVIEW_SEEDS + 2, rounds=2)
         ex.last_png = ex.png()
         monkeypatch.setattr(ex, "_page_move_loop", lambda: loop)
-        monkeypatch.setattr(ex, "prepare", endless)
+        monkeypatch.setattr(ex, "prepare", _endless_race(ended))
         explorers.append(ex)
     first, second = explorers
     first.controls["alpha"].value = 3.0
