@@ -312,3 +312,43 @@ def test_a_race_of_the_first_seeds_reads_them_from_a_kept_longer_race(monkeypatc
         assert ran == ["fedqp"]
     finally:
         toy.forget_races()
+
+
+def test_a_race_expects_its_methods_fallbacks_in_its_own_thread_only():
+    """The toy's races expect MOON's and FedGen's "trains as FedAvg" and FedSAM's "no
+    batched step" notes and do not give them; a run outside a race still does, and the
+    expectation belongs to the thread that has it (an explorer's worker races while a cell
+    records its own warnings: warnings.catch_warnings would be the process's)."""
+    import threading
+    import warnings
+
+    from flnotes.messages import expecting_fallbacks, fallback_warning
+
+    toy.forget_races()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toy.race(["moon", "fedgen", "fedsam"], seeds=2, rounds=2)
+        assert not [w for w in caught if "flnotes:" in str(w.message)]
+        run(toy.toy_config("moon", rounds=1), progress=False)
+        assert any("MOON trains as FedAvg" in str(w.message) for w in caught)
+    inside, said, given = threading.Event(), threading.Event(), []
+
+    def worker():
+        with expecting_fallbacks():
+            inside.set()
+            said.wait(60)  # the main thread warns while this block is open
+            given.append(fallback_warning("flnotes: expected here"))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert inside.wait(60)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert fallback_warning("flnotes: said in the main thread")
+        assert [str(w.message) for w in caught] == ["flnotes: said in the main thread"]
+    finally:
+        said.set()
+        thread.join()
+    assert given == [False]
+    toy.forget_races()

@@ -76,7 +76,6 @@ Decisions where the paper leaves room (the authors' code, zhuangdizhu/FedGen):
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -86,6 +85,7 @@ from torch import nn
 from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.settings import Setting
 from flnotes.engine.state import classifier_head as head_name
+from flnotes.messages import fallback_warning
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
 ADAM_WEIGHT_DECAY = 1e-2  # the code's RUNCONFIGS weight_decay for G's Adam
@@ -195,8 +195,9 @@ class FedGen(Strategy):
         self.label_counts: dict[int, torch.Tensor] = {}  # this round's, per client
         self.last_losses: dict[str, float] = {}
         if self.head is None:
-            warnings.warn("flnotes: fedgen needs a model that ends in a linear classifier "
-                          "head; this one has none, so FedGen trains as FedAvg", stacklevel=2)
+            fallback_warning("flnotes: fedgen needs a model that ends in a linear "
+                             "classifier head; this one has none, so FedGen trains as FedAvg",
+                             stacklevel=2)
             return
         weight = self.global_state[f"{self.head}.weight"]
         self.num_classes, feature_dim = weight.shape

@@ -42,7 +42,6 @@ Decisions (the paper, and its authors' code, QinbinLi/MOON, where the paper is s
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +52,7 @@ from flnotes.algorithms.settings import Setting
 from flnotes.engine.client_state import ClientStateStore, store_directory
 from flnotes.engine.state import classifier_head, clone_state
 from flnotes.engine.train import local_sgd
+from flnotes.messages import fallback_warning
 
 PROJECTION_DIM = 256  # the code's out_dim
 HEAD = "head"  # the output layer of a MOON network
@@ -120,8 +120,8 @@ class MOON(Strategy):
         self.projected = head == HEAD and any(k.startswith("projection.")
                                               for k in self.global_state)
         if head is None:
-            warnings.warn("flnotes: moon needs a model with a classifier head; this one has "
-                          "none, so MOON trains as FedAvg", stacklevel=2)
+            fallback_warning("flnotes: moon needs a model with a classifier head; this one "
+                             "has none, so MOON trains as FedAvg", stacklevel=2)
             self.custom_local_update = False  # FedAvg's training: any backend, stackable
         elif not self.projected:
             raise ValueError("moon: the task's model has no projection head; let run() build "

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from flnotes.messages import expecting_fallbacks
 from flnotes.rng import torch_generator
 from flnotes.toy.task import point_of, state_of
 
@@ -225,10 +225,9 @@ def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
     config = toy_config(algorithm, **overrides)
     config = config.replace(eval_every=config.rounds,
                             backend="vmap" if stacks_seeds(algorithm) else "loop")
-    with warnings.catch_warnings():
-        # FedSAM, FedNTD, FedGen: "no batched training step, its clients train on the loop
-        # backend" is the expected path inside the stack, not news for a race.
-        warnings.filterwarnings("ignore", message=".*has no batched training step")
+    # FedSAM, FedNTD, FedGen: "no batched training step, its clients train on the loop
+    # backend" is the expected path inside the stack, not news for a race.
+    with expecting_fallbacks():
         histories = run_seeds(config, list(seeds), progress=False)
     return [final_row(history) for history in histories]
 
@@ -369,12 +368,11 @@ def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tupl
 def _run_races(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
                progress: bool, overrides: dict) -> list[list[dict]]:
     """Each method's rows, run now."""
-    with warnings.catch_warnings():
-        # The toy's model is two numbers without a classifier head, so FedGen and MOON run
-        # as FedAvg on it (their modules say so, as do notebook 04 and the README): once
-        # per race is not news, and in a notebook the warning reads like an error.
-        warnings.filterwarnings("ignore", message=r".*needs a model (that ends in a linear "
-                                                  r"classifier head|with a classifier head)")
+    # The toy's model is two numbers without a classifier head, so FedGen and MOON run as
+    # FedAvg on it (their modules say so, as do notebook 04 and the README): once per race
+    # is not news, and in a notebook the warning reads like an error. Per thread: an
+    # explorer's worker races while a cell may record warnings of its own.
+    with expecting_fallbacks():
         tic = time.perf_counter()
         rows = _race(algorithms, seeds, processes, stack, progress, overrides)
     if progress:

@@ -28,7 +28,6 @@ so with weight decay such a parameter would still decay here.
 from __future__ import annotations
 
 import types
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -45,6 +44,7 @@ from flnotes.engine.batched.functional import (
 )
 from flnotes.engine.batched.schedule import build_schedule, masked_loss, step_means
 from flnotes.engine.train import client_generator, train_clients_loop
+from flnotes.messages import fallback_warning
 
 
 def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callable:
@@ -106,10 +106,10 @@ def stacks(strategy) -> bool:
     """
     if not (strategy.has_local_gradient or strategy.has_teacher or strategy.has_batch_loss):
         return True
-    if strategy.name not in _NOTED:
-        _NOTED.add(strategy.name)
-        warnings.warn(f"flnotes: {strategy.name} has no batched training step; its clients "
-                      "train on the loop backend (the reference, same results)", stacklevel=3)
+    if strategy.name not in _NOTED and fallback_warning(
+            f"flnotes: {strategy.name} has no batched training step; its clients train on "
+            "the loop backend (the reference, same results)", stacklevel=3):
+        _NOTED.add(strategy.name)  # once a process: said, not merely expected by a race
     return False
 
 
