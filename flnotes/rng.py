@@ -49,3 +49,15 @@ def seeded_cpu_rng(seed: int, *tags: object) -> Iterator[None]:
 
 
 _CPU_RNG = threading.RLock()  # held while seeded_cpu_rng has torch's CPU generator seeded
+
+
+@contextmanager
+def seeded_numpy_global(seed: int) -> Iterator[None]:
+    """Run a block with numpy's global generator seeded (a library that draws from it, such
+    as seaborn's jitter), its state restored afterwards."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)

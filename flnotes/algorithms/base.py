@@ -58,8 +58,8 @@ class Strategy:
     # adds to its parents' declarations.
     checkpointed: dict[str, str | tuple[str, str]] = {}
     # True when the strategy trains clients itself (FML's two models) via local_update; an
-    # instance may turn it off for a model its update does not apply to (MOON without a
-    # classifier head trains as FedAvg): see uses_custom_update.
+    # instance holds uses_custom_update's answer for its model (MOON without a classifier
+    # head trains as FedAvg).
     custom_local_update = False
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
@@ -100,6 +100,8 @@ class Strategy:
     def __init__(self, config, global_state) -> None:
         self.config = config.resolved()
         self.global_state = clone_state(global_state)
+        # for this model (MOON without a classifier head trains as FedAvg: any backend)
+        self.custom_local_update = self.uses_custom_update(self.global_state)
 
     @staticmethod
     def adapt_model(model, config):

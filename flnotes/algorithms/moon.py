@@ -122,7 +122,6 @@ class MOON(Strategy):
         if head is None:
             fallback_warning("flnotes: moon needs a model with a classifier head; this one "
                              "has none, so MOON trains as FedAvg", stacklevel=2)
-            self.custom_local_update = False  # FedAvg's training: any backend, stackable
         elif not self.projected:
             raise ValueError("moon: the task's model has no projection head; let run() build "
                              "the task, or build it with algorithm='moon' (build_task) so its "

@@ -180,24 +180,25 @@ class MLflowLogger:
                 raise
             return experiment.experiment_id
 
-    def _existing_run(self):
-        """The store's run of this run folder (the newest, if several), or None."""
-        if not self.store.is_dir() or (self.known is not None and self.run_dir not in self.known):
-            return None
-        experiment_id = self._experiment_id(create=False)
-        if experiment_id is None:
-            return None
+    def _runs(self, **order):
+        """Every run of the store's experiment, page by page (none without a store)."""
+        experiment_id = self._experiment_id(create=False) if self.store.is_dir() else None
         token = None
-        while True:  # compared here, not in a filter string: a path may hold quotes
+        while experiment_id is not None:
             page = self._connect().search_runs([experiment_id], max_results=1000,
-                                               order_by=["attributes.start_time DESC"],
-                                               page_token=token)
-            for found in page:
-                if found.data.tags.get(RUN_DIR_TAG) == self.run_dir:
-                    return found
+                                               page_token=token, **order)
+            yield from page
             token = page.token
             if not token:
-                return None
+                return
+
+    def _existing_run(self):
+        """The store's run of this run folder (the newest, if several), or None."""
+        if self.known is not None and self.run_dir not in self.known:
+            return None
+        # compared here, not in a filter string: a path may hold quotes
+        return next((run for run in self._runs(order_by=["attributes.start_time DESC"])
+                     if run.data.tags.get(RUN_DIR_TAG) == self.run_dir), None)
 
     def has_data(self) -> bool:
         if self.known is not None:
@@ -206,16 +207,7 @@ class MLflowLogger:
 
     def run_dirs(self) -> set[str]:
         """Every run folder the store holds a run of (one pass over the store)."""
-        experiment_id = self._experiment_id(create=False) if self.store.is_dir() else None
-        found, token = set(), None
-        while experiment_id is not None:
-            page = self._connect().search_runs([experiment_id], max_results=1000,
-                                               page_token=token)
-            found |= {run.data.tags.get(RUN_DIR_TAG) for run in page} - {None}
-            token = page.token
-            if not token:
-                break
-        return found
+        return {run.data.tags.get(RUN_DIR_TAG) for run in self._runs()} - {None}
 
     def _open(self) -> None:
         from mlflow.entities import Param
@@ -354,9 +346,14 @@ def logger_environment(loggers: Iterable[str], logger_dir: str, base: str) -> di
             ENV_LOGGER_BASE: str(base)}
 
 
+def _mlflow_store(logger_dir: str | Path) -> MLflowLogger:
+    """A logger of no run, for what concerns the whole MLflow store under ``logger_dir``."""
+    return MLflowLogger(Path(logger_dir) / "mlruns", {}, str(logger_dir), "")
+
+
 def mlflow_run_dirs(logger_dir: str | Path) -> set[str]:
     """The run folders that the MLflow store under ``logger_dir`` holds runs of."""
-    return MLflowLogger(Path(logger_dir) / "mlruns", {}, str(logger_dir), "").run_dirs()
+    return _mlflow_store(logger_dir).run_dirs()
 
 
 def prepare_store(loggers: Iterable[str], logger_dir: str | Path) -> None:
@@ -364,8 +361,7 @@ def prepare_store(loggers: Iterable[str], logger_dir: str | Path) -> None:
     to make in one shared store: MLflow's experiment (two processes creating it at once in
     a fresh file store could leave two experiments of one name, or one logger dropped)."""
     if "mlflow" in loggers:
-        store = Path(logger_dir) / "mlruns"
-        MLflowLogger(store, {}, str(logger_dir), "")._experiment_id(create=True)
+        _mlflow_store(logger_dir)._experiment_id(create=True)
 
 
 def log_finished_folder(names: Iterable[str], run_dir: str | Path, logger_dir: str | Path,

@@ -295,15 +295,20 @@ def _kept_or_run(algorithms, seeds, processes: int, stack: bool, progress: bool,
 def _kept_head(key) -> list[dict]:
     """The rows of the longest kept race whose seeds begin ``key``'s (same method, setting
     and stacking), fewer seeds than ``key`` asks for; [] if none."""
+    seeds = key[2] if key is not None else ()
+    heads = [rows for fewer, rows in _same_races(key)
+             if len(fewer) < len(seeds) and seeds[:len(fewer)] == fewer]
+    return max(heads, key=len, default=[])
+
+
+def _same_races(key) -> list[tuple[tuple, list[dict]]]:
+    """(seeds, rows) of every kept race of ``key``'s method, setting and stacking, oldest
+    first ([] for None)."""
     if key is None:
         return []
-    config, cls, seeds, stack = key
-    best: list[dict] = []
-    for (other, other_cls, fewer, other_stack), rows in _RACES.items():
-        if ((other, other_cls, other_stack) == (config, cls, stack)
-                and len(best) < len(fewer) < len(seeds) and seeds[:len(fewer)] == fewer):
-            best = rows
-    return best
+    config, cls, _, stack = key
+    return [(seeds, rows) for (other, other_cls, seeds, other_stack), rows in _RACES.items()
+            if (other, other_cls, other_stack) == (config, cls, stack)]
 
 
 RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB of rows)
@@ -319,10 +324,9 @@ def _kept_rows(key) -> list[dict] | None:
     if key in _RACES:
         _RACES[key] = _RACES.pop(key)  # now the newest
         return _RACES[key]
-    config, cls, seeds, stack = key
-    for (other, other_cls, more, other_stack), rows in reversed(_RACES.items()):
-        if ((other, other_cls, other_stack) == (config, cls, stack) and len(more) > len(seeds)
-                and more[:len(seeds)] == seeds):
+    seeds = key[2]
+    for more, rows in reversed(_same_races(key)):
+        if len(more) > len(seeds) and more[:len(seeds)] == seeds:
             return rows[:len(seeds)]  # rows are in seed order
     return None
 

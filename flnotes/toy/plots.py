@@ -5,12 +5,13 @@ Figure (no display, no saved files).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+
+from flnotes.rng import seeded_numpy_global
 
 # ---- 2-D toy landscapes ---------------------------------------------------------------------
 LIMITS = ((-2.5, 2.5), (-2.2, 2.6))  # the (xlim, ylim) that frame fedmut-fig1's two basins
@@ -731,7 +732,7 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
                       fontsize=10)
     # seaborn jitters the dots with numpy's global generator: seeded, the same rows give the
     # same picture every time (a stored notebook's figure changes only with its data)
-    with _numpy_global_seed(0):
+    with seeded_numpy_global(0):
         sns.stripplot(data=frame, x="algorithm", y="loss", order=order, ax=axes[1], size=3,
                       alpha=0.6, jitter=0.25)
         sns.stripplot(data=frame, x="algorithm", y="sharpness", order=order, ax=axes[2],
@@ -751,15 +752,3 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
     fig.tight_layout()
     return fig
 
-
-@contextlib.contextmanager
-def _numpy_global_seed(seed: int):
-    """numpy's global generator seeded within the block, its state restored after it."""
-    import numpy as np
-
-    state = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        yield
-    finally:
-        np.random.set_state(state)
