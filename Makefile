@@ -2,21 +2,18 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install install-test demo test lint
+.PHONY: install install-test demo test lint lab-extension
 
 # The demo needs flnotes alone; the tests add their extra (pytest, ruff, Ray, Flower, ...).
 # No Jupyter kernel is installed: notebooks run in a kernel of this interpreter that flnotes
 # makes for itself (flnotes/repro/kernel.py), never over the user's own "python3".
 # JupyterLab saves the explorers' widget state with a notebook, so that a copy saved while
 # they ran opens again with its controls rather than "Error displaying widget: model not
-# found": a package default (jupyter-config/) in JupyterLab's overrides.d. A wheel installs it
-# itself; pip's editable install here did not (setuptools 84), so these targets copy it into
-# the settings of the JupyterLab this Python runs.
-HERE := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
-LAB_DEFAULTS = $(PYTHON) -c "import pathlib, shutil; \
-  from jupyterlab.commands import get_app_dir; \
-  d = pathlib.Path(get_app_dir(), 'settings', 'overrides.d'); d.mkdir(parents=True, exist_ok=True); \
-  shutil.copy('$(HERE)jupyter-config/flnotes-widget-state.json', d)"
+# found" (a package default in JupyterLab's overrides.d), and a small prebuilt extension keeps
+# that restored state from marking the notebook unsaved (jupyter-config/). A wheel installs
+# both itself; pip's editable install here did not (setuptools 84), so these targets copy them
+# into the JupyterLab this Python runs.
+LAB_DEFAULTS = $(PYTHON) jupyter-config/install_into_lab.py
 
 install:
 	$(PIP_INSTALL) -e .
@@ -41,3 +38,8 @@ test: install-test
 	  --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider -p no:benchmark \
 	  -n $(TEST_WORKERS) --dist loadfile; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+# Maintainers only: rebuild the prebuilt JupyterLab extension in jupyter-config/labextension/
+# from jupyter-config/widget-state-extension/ (needs node and npm; users and CI need neither).
+lab-extension:
+	$(PYTHON) jupyter-config/build_lab_extension.py

@@ -661,8 +661,7 @@ def _check_reopened(page, name: str) -> None:
     """The stored copy as a student reopens it: figures and, for an explorer, the sentence
     that stands for its controls; no widget error; not marked unsaved."""
     time.sleep(2)  # let the kernel's first messages (language info) arrive
-    assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0, \
-        f"{name}: marked unsaved as it opened"
+    _not_unsaved(page, f"{name}: marked unsaved as it opened")
     assert page.get_by_text("Error displaying widget").count() == 0, \
         f"{name}: a stored output shows a widget error"
     for cell in page.locator(".jp-CodeCell").all():
@@ -670,6 +669,28 @@ def _check_reopened(page, name: str) -> None:
         if "_explorer(" in source:
             assert cell.locator(".jp-OutputArea img").count(), f"{name}: no stored figure"
             assert "run this cell to use them" in cell.locator(".jp-OutputArea").inner_text()
+
+
+DIRTY = ".lm-TabBar-tab.jp-mod-dirty"
+
+
+def _not_unsaved(page, failure: str) -> None:
+    """The notebook's tab is not marked unsaved (JupyterLab's dot), after a second for late
+    marks (jupyterlab_widgets marks it on each widget model it registers; flnotes' extension
+    clears that mark while the cells and metadata are as saved)."""
+    time.sleep(1)
+    assert page.locator(DIRTY).count() == 0, failure
+
+
+def _edit_marks_unsaved(page, name: str) -> None:
+    """A real change still marks the notebook unsaved: a character typed into the first
+    code cell (flnotes' extension must clear only marks that change nothing but widget
+    state)."""
+    page.locator(".jp-CodeCell .jp-InputArea-editor").first.click()
+    page.keyboard.press("End")
+    page.keyboard.type(" ")
+    page.wait_for_selector(DIRTY, timeout=10_000)
+    page.keyboard.press("Backspace")
 
 
 def _restart(base: str, kernel: KernelErrors, page) -> None:
@@ -723,12 +744,14 @@ def _reload_after_save(page, root: Path, name: str) -> None:
     _widgets_shown(page, f"{name}: a widget fails to show after save and reload")
     if name not in NO_EXPLORER:  # the explorers' controls are back, from the kernel
         page.locator(".widget-hbox").first.wait_for(timeout=60_000)
+    _not_unsaved(page, f"{name}: marked unsaved after save and reload (nothing changed)")
 
 
 def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
     """Saved, closed, its kernel shut down, opened again later: the stored figures and the
     controls as saved (JupyterLab saves the widget state: flnotes' package default in
-    overrides.d), never "Error displaying widget: model not found"."""
+    overrides.d), never "Error displaying widget: model not found", and not marked unsaved
+    (flnotes' JupyterLab extension) until something is really changed."""
     saved = json.loads((root / f"{name}.ipynb").read_text())
     if name not in NO_EXPLORER:
         assert "widgets" in saved["metadata"], (
@@ -747,6 +770,8 @@ def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
                     f"{name}: reopened, an explorer shows no figure"
                 assert cell.locator(".widget-hbox").count(), \
                     f"{name}: reopened, an explorer shows no controls"
+        _not_unsaved(page, f"{name}: a saved copy reopened is marked unsaved (nothing changed)")
+        _edit_marks_unsaved(page, name)
     except BaseException:
         _shot(page, root, f"{name}.reopened")
         raise

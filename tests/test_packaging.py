@@ -192,6 +192,43 @@ def test_stacked_seeds_log_each_seed_from_the_environment(tmp_path, monkeypatch)
         assert logged == [(r["round"], pytest.approx(r["accuracy"])) for r in history.rows]
 
 
+def test_the_widget_state_extension_is_built_from_its_source_and_enabled():
+    """jupyter-config/labextension/ was built from the current widget-state-extension/
+    source (`make lab-extension` records its digest), declares no JupyterLab package it
+    would have to share (it uses the application's document registry only), and this
+    environment's JupyterLab finds it, enabled (the wheel installs it; `make install` copies
+    it in a clone). tests/test_browser.py checks what it does: a reopened saved copy is not
+    marked unsaved, an edit still is."""
+    import importlib.util
+    import sys
+
+    from jupyterlab.labapp import LabApp
+    from jupyterlab_server.config import get_page_config
+
+    root = Path(__file__).parents[1] / "jupyter-config"
+    spec = importlib.util.spec_from_file_location("build_lab_extension",
+                                                  root / "build_lab_extension.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    recorded = (root / "labextension" / "source.sha256").read_text().strip()
+    assert recorded == builder.source_digest(), (
+        "jupyter-config/labextension/ is older than its source: run `make lab-extension`")
+    package = json.loads((root / "labextension" / "package.json").read_text())
+    assert package["name"] == "flnotes-widget-state" and package["dependencies"] == {}
+    assert (root / "labextension" / package["jupyterlab"]["_build"]["load"]).is_file()
+    placed = Path(sys.prefix, "share/jupyter/labextensions/flnotes-widget-state")
+    assert json.loads((placed / "package.json").read_text()) == package, (
+        "this JupyterLab has another build of flnotes-widget-state: run `make install`")
+    app = LabApp()
+    config = get_page_config(app.labextensions_path, logger=app.log)
+    disabled = config.get("disabledExtensions", config.get("disabled_labextensions", {}))
+    if isinstance(disabled, dict):  # older page configs: {name: true}
+        disabled = [name for name, off in disabled.items() if off]
+    assert "flnotes-widget-state" not in disabled, (
+        "flnotes-widget-state is disabled in this JupyterLab: jupyter labextension enable "
+        "flnotes-widget-state")
+
+
 def test_the_widget_state_default_names_a_real_jupyterlab_setting():
     """jupyter-config/'s override sets a boolean that jupyterlab_widgets' own schema
     declares (a renamed plugin or setting would silently do nothing), and this environment's

@@ -135,3 +135,17 @@ def test_the_wheel_installs_jupyterlabs_widget_state_default(installed):
     assert placed.is_file(), "the wheel did not install its JupyterLab default"
     source = SOURCE / "jupyter-config" / "flnotes-widget-state.json"
     assert json.loads(placed.read_text()) == json.loads(source.read_text())
+
+
+def test_the_wheel_installs_the_widget_state_extension(installed):
+    """The wheel puts flnotes' prebuilt JupyterLab extension (a restored widget state does
+    not mark the notebook unsaved) where a JupyterLab in that venv finds it: its package.json
+    and every static file it loads, as built."""
+    command, _, _ = installed
+    placed = command.parents[1] / "share/jupyter/labextensions/flnotes-widget-state"
+    built = SOURCE / "jupyter-config" / "labextension"
+    package = json.loads((placed / "package.json").read_text())
+    assert package == json.loads((built / "package.json").read_text())
+    assert (placed / package["jupyterlab"]["_build"]["load"]).is_file()
+    assert sorted(p.name for p in (placed / "static").iterdir()) == \
+        sorted(p.name for p in (built / "static").iterdir())
