@@ -73,6 +73,67 @@ def test_minibatch_loss_is_the_landscape_plus_linear_noise():
             float(fed.client_losses(p.double())[client]), abs=1e-5)
 
 
+def test_stacked_losses_are_each_models_own_loss_and_its_gradient():
+    """ToyTask.stacked_losses, K models on K batches at once, equals each model's own
+    toy_loss (ToyModel.forward), padding rows left out, and its autograd gradient is each
+    model's own."""
+    task = build_task(_config(data_options={"noise": 0.7, "samples_per_client": 5}))
+    points = torch.tensor([[-0.4, -0.5], [0.3, 0.1], [1.2, -0.8]])
+    rows = torch.stack([task.client_data(c)[0] for c in (0, 1, 2)])  # (3, 5, 3)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]).float()
+    params = {name: points[:, i].clone().requires_grad_() for i, name in enumerate("xy")}
+    losses = task.stacked_losses(params, rows, None, mask)
+    grads = torch.autograd.grad(losses.sum(), [params["x"], params["y"]])
+    for k in range(3):
+        model = task.model_factory()
+        with torch.no_grad():
+            model.x.fill_(points[k, 0])
+            model.y.fill_(points[k, 1])
+        real = rows[k][mask[k] > 0]
+        own = task.loss_fn(model(real), None)
+        own.backward()
+        assert losses[k].item() == pytest.approx(own.item(), abs=1e-5)
+        assert grads[0][k].item() == pytest.approx(model.x.grad.item(), abs=1e-5)
+        assert grads[1][k].item() == pytest.approx(model.y.grad.item(), abs=1e-5)
+    assert torch.allclose(task.stacked_losses(params, rows, None, None),
+                          task.stacked_losses(params, rows, None, torch.ones(3, 5)))
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedqp", "fedprox"])
+def test_the_stacked_step_without_vmap_equals_vmaps(monkeypatch, algorithm):
+    """The vmap backend's step on the toy takes every lane's gradient from one backward pass
+    of ToyTask.stacked_losses (no vmap); runs equal the step with vmap (the task's hook
+    removed) to float tolerance: uneven batches (padding rows), momentum, FedQP's
+    projection; FedProx (a penalty) keeps vmap's step, so it must not call the hook."""
+    from flnotes.toy.task import ToyTask
+
+    config = _config(algorithm, backend="vmap", rounds=4, num_clients=4, batch_size=3,
+                     data_options={"start": [-0.4, -0.5], "samples_per_client": 7})
+    calls = []
+    own = ToyTask.stacked_losses
+
+    def counted(self, *args):
+        calls.append(1)
+        return own(self, *args)
+
+    monkeypatch.setattr(ToyTask, "stacked_losses", counted)
+    fast = run(config, progress=False)
+    assert bool(calls) == (algorithm != "fedprox")
+    monkeypatch.setattr(ToyTask, "stacked_losses", None)
+    slow = run(config, progress=False)
+    for a, b in zip(fast.rows, slow.rows, strict=True):
+        for key in ("x", "y", "loss", "train_loss"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=1e-5), (algorithm, key)
+    assert fast.trajectory and len(fast.trajectory) == len(slow.trajectory)
+    for a, b in zip(fast.trajectory, slow.trajectory, strict=True):
+        for ours, theirs in zip([*a["local"], a["global"]], [*b["local"], b["global"]],
+                                strict=True):
+            assert toy.point_of(ours) == pytest.approx(toy.point_of(theirs), abs=1e-5)
+    assert toy.point_of(fast.final_state) == pytest.approx(toy.point_of(slow.final_state),
+                                                           abs=1e-5)
+
+
 def test_local_sgd_is_gradient_descent_on_the_client_landscape():
     config = _config(data_options={"noise": 0.0, "samples_per_client": 4})
     task = build_task(config)

@@ -64,6 +64,11 @@ class Task:
     _working_model: nn.Module | None = field(default=None, init=False, repr=False)
     # Built once per run by a training backend (e.g. the compiled step), keyed by it.
     backend_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # A task whose models' loss can be computed for a stack of models at once (the toy: two
+    # numbers per model) defines stacked_losses(params, x, y, mask) -> (K,): params
+    # {name: (K, ...)}, x and y (K, B, ...), mask (K, B) or None (every row real), each lane's
+    # loss_fn mean over its real rows. The stacked step then needs no vmap (batched/stacked).
+    stacked_losses = None
 
     def working_model(self) -> nn.Module:
         """One model instance, built once, that training and evaluation load states into."""

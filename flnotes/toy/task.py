@@ -97,6 +97,20 @@ class ToyTask(Task):
         flat = bool(self.federation.in_flat_basin(point))
         return {"accuracy": float(flat), "loss": float(losses.mean())}
 
+    def stacked_losses(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
+                       targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """toy_loss of K models (params x, y: (K,)) on their batches rows (K, B, 3) at once:
+        (K,), each the mean over its real rows (mask (K, B); None: all) of ToyModel's per-row
+        loss L_client(p) + noise . p. The stacked training step's path without vmap."""
+        points = torch.stack([params["x"], params["y"]], dim=-1)  # (K, 2)
+        losses = self.federation.client_losses(points)  # (K, C)
+        noise = (rows[..., 1:] @ points[..., None])[..., 0]  # (K, B): noise . p
+        per_row = losses.gather(1, rows[..., 0].long()) + noise
+        if mask is None:
+            return per_row.mean(1)
+        # where, not a product: as masked_mean, a padding row never turns into NaN
+        return torch.where(mask > 0, per_row, 0.0).sum(1) / mask.sum(1)
+
     def evaluate(self, model: nn.Module, batch_size: int = 1000) -> dict[str, float]:
         """Global loss, flat-basin flag, top Hessian eigenvalue and position of the model."""
         point = model.point().detach().double()

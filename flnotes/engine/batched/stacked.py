@@ -47,8 +47,14 @@ from flnotes.engine.train import client_generator, train_clients_loop
 from flnotes.messages import fallback_warning
 
 
-def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callable:
-    """The objective of every method but FML: loss on the batch + the strategy's penalty."""
+def supervised_objective(loss_fn: Callable, penalty: Callable | None,
+                         stacked_losses: Callable | None = None) -> Callable:
+    """The objective of every method but FML: loss on the batch + the strategy's penalty.
+
+    ``stacked_losses`` (a task's, see :class:`flnotes.engine.tasks.Task`) computes the same
+    loss for every lane at once; without a penalty the step then needs no vmap
+    (:func:`make_step`).
+    """
 
     def objective(forward, params, anchor, xb, yb, mask):
         loss = masked_loss(loss_fn, forward("", xb), yb, mask)
@@ -59,6 +65,7 @@ def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callabl
                 total = loss + extra
         return total, loss.detach()[None]
 
+    objective.stacked_losses = stacked_losses if penalty is None else None
     return objective
 
 
@@ -82,7 +89,7 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
                     for s, c in zip(group_starts, clients, strict=True)]
     states, means = train_stacked(
         task, lanes, {"": starts}, config, ("supervised", strategy),
-        lambda: supervised_objective(task.loss_fn, penalty),
+        lambda: supervised_objective(task.loss_fn, penalty, task.stacked_losses),
         anchors=anchors if penalty is not None else None)
     out, lane = [], 0
     for group_task, _, _, clients, _ in groups:
@@ -310,13 +317,30 @@ def make_step(
     grad_fn = grad_and_value(client_loss, has_aux=True)
     per_client_grads = vmap(grad_fn)
     full_batch_grads = vmap(grad_fn, in_dims=(0, 0, 0, 0, 0, None))  # row_mask None
+    stacked_losses = getattr(objective, "stacked_losses", None)
+    if bn_modules or prefixes != ("",):
+        stacked_losses = None
+
+    def summed_grads(params, buffers, anchor, xb, yb, mask):
+        """Every lane's gradient from one backward pass of the sum of the lanes' losses,
+        which the task computes for the whole stack at once (the toy: a step is then a few
+        small tensor ops, not vmap's fixed cost). Lanes share no parameter, so the sum's
+        gradient is each lane's own, as vmap's (tests/test_toy.py compares them)."""
+        with torch.enable_grad():
+            leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+            losses = stacked_losses(leaves, xb, yb, mask)  # (K,)
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True)), (None, (losses.detach()[:, None], {}))
 
     def step(params, buffers, anchor, momentum_bufs, xb, yb, row_mask, active):
         """(params, buffers, momentum buffers, reported values) after one step on (K, B) rows.
 
         ``row_mask`` None: every batch is full.
         """
-        grads_of = per_client_grads if row_mask is not None else full_batch_grads
+        if stacked_losses is not None:
+            grads_of = summed_grads
+        else:
+            grads_of = per_client_grads if row_mask is not None else full_batch_grads
         grads, (_, (reported, stats)) = grads_of(params, buffers, anchor, xb, yb, row_mask)
         on = {}  # the client mask broadcast to each tensor's rank, built once per rank
 
