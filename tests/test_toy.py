@@ -413,3 +413,26 @@ def test_a_race_expects_its_methods_fallbacks_in_its_own_thread_only():
         thread.join()
     assert given == [False]
     toy.forget_races()
+
+
+def test_warm_up_runs_each_method_once_and_keeps_nothing(monkeypatch):
+    """warm_up (the race explorer calls it when made) runs one round of one seed of each
+    method not yet warmed: later calls run nothing, and no race is kept by it (a kept race
+    would be read back as a real one)."""
+    from flnotes.engine import seeds
+    from flnotes.toy import experiments
+
+    monkeypatch.setattr(experiments, "_WARMED", set())
+    runs, own = [], seeds.run_seeds
+
+    def counted(config, chosen, **kwargs):
+        runs.append((config.algorithm, config.rounds, list(chosen)))
+        return own(config, chosen, **kwargs)
+
+    monkeypatch.setattr(seeds, "run_seeds", counted)
+    kept = dict(experiments._RACES)
+    experiments.warm_up(["fedavg", "fml", "clusamp"])
+    experiments.warm_up(["fedavg", "fml", "fedsam"])
+    assert runs == [("fedavg", 1, [0]), ("fml", 1, [0]), ("clusamp", 1, [0]),
+                    ("fedsam", 1, [0])]
+    assert experiments._RACES == kept

@@ -232,6 +232,28 @@ def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
     return [final_row(history) for history in histories]
 
 
+_WARMED: set[str] = set()  # methods warm_up has run in this process
+
+
+def warm_up(algorithms: Sequence[str]) -> None:
+    """One round of one seed of each method not warmed up before in this process, kept
+    nowhere (0.1 s for every method). A method's first run imports what
+    it needs: torch.optim's first step imports torch._dynamo (about 1 s on a 2-core CPU),
+    ClusSamp imports scipy.cluster (0.4 s). The race explorer calls this when it is made, so
+    that those imports land in its cell, not in a student's first move to such a method."""
+    from flnotes.engine.seeds import run_seeds
+
+    todo = [name for name in algorithms if name not in _WARMED]
+    if not todo:
+        return
+    with _RACING, expecting_fallbacks():
+        for name in todo:
+            config = toy_config(name, rounds=1, eval_every=1,
+                                backend="vmap" if stacks_seeds(name) else "loop")
+            run_seeds(config, [0], progress=False, track=False)
+            _WARMED.add(name)
+
+
 def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 100,
          processes: int = 1, stack: bool = True, progress: bool = False,
          **overrides) -> list[dict]:

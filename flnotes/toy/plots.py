@@ -267,9 +267,9 @@ class ClientsFigure:
                     framealpha=0.6)
         colors = plt.get_cmap("tab10").colors
         ax = self.axes[-1]
+        gx, gy, every = grid(federation.client_losses, xlim, ylim, self.GRID)  # (.., C)
         for k in range(federation.num_clients):
-            gx, gy, z = grid(lambda p, k=k: federation.client_losses(p)[..., k], xlim, ylim,
-                             self.GRID)
+            z = every[..., k]
             ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=[z.min().item() - 1, level],
                         colors=[colors[k % 10]], alpha=0.35)
             ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=[level],

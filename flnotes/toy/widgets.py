@@ -1005,6 +1005,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
     from functools import partial
 
     from flnotes.algorithms import algorithm_names
+    from flnotes.toy.experiments import warm_up
 
     options = dict(options or {})  # one copy: the figure, the preview and the races agree
     d = {"algorithm": "fedqp", "lr": 0.1, "rounds": 15, "seeds": RACE_SEEDS, **defaults}
@@ -1044,6 +1045,9 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
                 f"the first {first} of {seeds} seeds; the other {seeds - first} are "
                 "running...")
 
-    return Explorer(partial(draw_race, options=options), controls, "A mini race against FedAvg",
-                    idle=idle, follow=follow, scene=RaceScene(options), preview=preview,
-                    prepare=lambda values: race_rows(options=options, **values))
+    explorer = Explorer(partial(draw_race, options=options), controls,
+                        "A mini race against FedAvg", idle=idle, follow=follow,
+                        scene=RaceScene(options), preview=preview,
+                        prepare=lambda values: race_rows(options=options, **values))
+    warm_up([BASELINE, *controls["algorithm"].options])  # their first runs' imports, now
+    return explorer
