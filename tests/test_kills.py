@@ -8,6 +8,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -317,3 +319,27 @@ def test_signal_inside_a_client_state_write_resumes_identically(tmp_path, scaffo
         _assert_same(_folder(run_dir), want, trial)
         assert _client_states(run_dir) == want["client_states"], trial
         assert not list(run_dir.rglob("*.tmp")), trial
+
+
+def test_a_reader_that_leaves_stops_the_run_resumably(tmp_path):
+    """`flnotes run ... | head -1`: the reader closes the pipe; the run stops as on Ctrl-C
+    (folder interrupted, the resume line on stderr, exit 141 as SIGPIPE's, no traceback),
+    never "failed"; the same command then resumes it to the uninterrupted run's folder."""
+    command = [sys.executable, "-m", "flnotes", "run", "--dataset", "toy", "--rounds", "12",
+               "--checkpoint-every", "1", "--run-dir"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = tmp_path / "whole"
+    subprocess.run([*command, str(whole)], check=True, capture_output=True, env=env)
+    cut = tmp_path / "cut"
+    reader = subprocess.Popen([*command, str(cut)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env)
+    # The toy's note comes before any round (the first takes a second to set up): the
+    # rounds' lines are written after the reader has left.
+    assert reader.stdout.readline().startswith(b"toy task")
+    reader.stdout.close()
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "interrupted after round" in err, err
+    assert json.loads((cut / "run.json").read_text())["status"] == "interrupted"
+    subprocess.run([*command, str(cut)], check=True, capture_output=True, env=env)
+    _assert_same(_folder(cut), _folder(whole), "a reader that left, then resumed")

@@ -17,6 +17,7 @@ import yaml
 from flnotes.cli.field_help import FIELD_HELP
 from flnotes.cli.run import (
     EXIT_INTERRUPTED,
+    EXIT_READER_LEFT,
     EXIT_TERMINATED,
     exit_code,
     run_command,
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("FLNOTES_TRACEBACK"):
             raise
         return 1
-    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_READER_LEFT):
         print(f"done in {time.perf_counter() - tic:.1f} s")
     return code
 

@@ -17,6 +17,7 @@ from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses
     exit_code,
     terminate_like_ctrl_c,
 )
+from flnotes.engine.stops import EXIT_READER_LEFT, reader_left  # noqa: F401
 from flnotes.messages import on_terminal
 
 
@@ -255,10 +256,13 @@ def _row_line(row: dict, dataset: str) -> str:
 def _write_line(line: str, above_bar: bool = True) -> None:
     """Print (above the progress bar, if one is drawn), and flush: a redirected log shows
     each round at once."""
-    if above_bar:
-        from tqdm.auto import tqdm
+    try:
+        if above_bar:
+            from tqdm.auto import tqdm
 
-        tqdm.write(line)
-    else:
-        print(line)
-    sys.stdout.flush()
+            tqdm.write(line)
+        else:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `run ... | head`: stop as on Ctrl-C, the folder resumable
+        raise reader_left() from None

@@ -14,6 +14,24 @@ from flnotes.engine.run_folder import RunFolderError, _read_json
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+EXIT_READER_LEFT = 141  # 128 + SIGPIPE: a command whose output's reader went away
+
+
+class ReaderLeft(KeyboardInterrupt):
+    """The reader of the command's output went away (``flnotes run ... | head``), raised
+    where its next line was printed: the run stops as on Ctrl-C (folder marked interrupted,
+    resumable, the resume line on stderr) rather than failing on the broken pipe, and the
+    command exits 141, as one stopped by SIGPIPE."""
+
+
+def reader_left() -> ReaderLeft:
+    """After a BrokenPipeError on stdout: send the rest of stdout nowhere (no second error,
+    none at exit when Python flushes it) and return the stop to raise."""
+    import os
+    import sys
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return ReaderLeft("the reader of the output went away (a closed pipe)")
 
 
 class Terminated(KeyboardInterrupt):
@@ -55,7 +73,10 @@ def check_stop() -> None:
 
 
 def exit_code(stop: KeyboardInterrupt) -> int:
-    """The exit status of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    """The exit status of a command stopped by Ctrl-C (130), SIGTERM (143) or its output's
+    reader going away (141)."""
+    if isinstance(stop, ReaderLeft):
+        return EXIT_READER_LEFT
     return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
 
 
