@@ -92,13 +92,20 @@ def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path, algorithm):
     assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
 
 
-def test_vmap_backend_falls_back_to_the_loop(tiny_config):
-    config = tiny_config.replace(algorithm="fedasam")
+def test_vmap_backend_trains_the_two_pass_step_in_the_stack(tiny_config):
+    """The vmap backend's SAM/ASAM step (Strategy.stacked_ascent) over whole runs: the loop's
+    results to float32 tolerance, and no note of a fall-back to the loop. ASAM's ascent
+    (rho 0.5) with momentum 0.9 magnifies float32 rounding to ~2e-5 in three rounds;
+    tests/test_vmap.py compares a round in float64 on every model, to 1e-9."""
+    config = tiny_config.replace(algorithm="fedasam", momentum=0.9, weight_decay=1e-3)
     loop = run(config.replace(backend="loop"), progress=False)
-    with warnings.catch_warnings(record=True):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         vmapped = run(config.replace(backend="vmap"), progress=False)
-    assert states_allclose(loop.final_state, vmapped.final_state, rtol=0, atol=0)
+    assert not [w for w in caught if "loop backend" in str(w.message)]
+    assert states_allclose(loop.final_state, vmapped.final_state, rtol=1e-3, atol=1e-4)
+    for a, b in zip(loop.rows, vmapped.rows, strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
 
 
 def test_runs_on_the_toy_where_asam_is_sam():
@@ -111,15 +118,22 @@ def test_runs_on_the_toy_where_asam_is_sam():
     assert states_allclose(sam.final_state, asam.final_state, rtol=0, atol=0)
 
 
-def test_the_fall_back_is_announced_once(tiny_config, monkeypatch):
+def test_a_second_pass_without_a_stacked_ascent_falls_back_once(tiny_config, monkeypatch):
+    """A local_gradient the stack cannot compute (here FedSAM's, its stacked ascent taken
+    away) trains on the loop, bit for bit, said once a process."""
     from flnotes.engine.batched import stacked
 
     monkeypatch.setattr(stacked, "_NOTED", set())
+    monkeypatch.setattr(FedSAM, "stacked_ascent", None)
+    config = tiny_config.replace(algorithm="fedsam", rounds=2)
+    loop = run(config.replace(backend="loop"), progress=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(tiny_config.replace(algorithm="fedsam", backend="vmap", rounds=2), progress=False)
+        vmapped = run(config.replace(backend="vmap"), progress=False)
+        run(config.replace(backend="vmap", seed=1), progress=False)
     notes = [w for w in caught if "loop backend" in str(w.message)]
     assert len(notes) == 1 and "fedsam" in str(notes[0].message)
+    assert states_allclose(loop.final_state, vmapped.final_state, rtol=0, atol=0)
 
 
 # ---- server-side SWA (the "+ SWA" rows; Caldarola et al. Sec. 4) -------------------------

@@ -58,6 +58,23 @@ def test_vmap_equals_loop_in_float64(model):
     assert max_difference(loop, fast) < 1e-9
 
 
+@pytest.mark.parametrize("algorithm", ["fedsam", "fedasam"])
+@pytest.mark.parametrize("model", list(SHAPES))
+def test_sharpness_aware_steps_stack_and_equal_the_loop_in_float64(model, algorithm):
+    """FedSAM's and FedASAM's two-pass step (gradient at w + e, applied from w) trains in
+    the stack, not on the loop fallback, and equals the loop's (Strategy.local_gradient) in
+    float64: each lane's own ascent norm, ASAM's |w| + eta on weights only, BatchNorm's
+    statistics moved by both passes, padding rows, momentum and weight decay."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        _, loop, fast = compare(model, torch.float64, batch_size=5, algorithm=algorithm,
+                                sam_rho=0.5)
+    assert not [w for w in said if "no batched training step" in str(w.message)]
+    assert max_difference(loop, fast) < 1e-9
+
+
 def test_plain_sgd_fedavg_in_chunks():
     _, loop, fast = compare("lstm", torch.float64, chunk_size=2, algorithm="fedavg",
                             momentum=0.0, weight_decay=0.0)

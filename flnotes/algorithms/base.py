@@ -173,6 +173,12 @@ class Strategy:
         """
         return closure()
 
+    # A method whose local_gradient is "the gradient at w + e(w, g)" (SAM) may also give e
+    # for a stack of K lanes at once: stacked_ascent(params, grads) -> {name: (K, ...)}, each
+    # lane's offset from its own parameters and gradient (pure, no .grad); the stacked
+    # backend then trains its clients (two gradient passes a step) instead of the loop.
+    stacked_ascent = None
+
     def teacher_state(self, start: dict[str, torch.Tensor],
                       client: int) -> dict[str, torch.Tensor]:
         """The state of the teacher ``teacher_loss`` sees: by default the dispatched model."""

@@ -113,6 +113,21 @@ def ascent_offsets(params: dict[str, torch.Tensor], rho: float, adaptive: bool,
             for n, t in scaled.items()}
 
 
+def stacked_ascent_offsets(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                           rho: float, adaptive: bool, eta: float) -> dict[str, torch.Tensor]:
+    """:func:`ascent_offsets` for K lanes at once (tensors (K, ...)): each lane's
+    e = rho T^2 g / ||T g||, its norm over that lane's tensors only."""
+    scaled, squares = {}, 0.0
+    for n, g in grads.items():
+        scale = adaptive_scale(n, params[n], eta) if adaptive else None
+        scaled[n] = (g if scale is None else scale * g, scale)
+        squares = squares + scaled[n][0].reshape(len(g), -1).square().sum(1)  # (K,)
+    factor = rho / (squares.sqrt() + GRAD_NORM_EPS)  # (K,)
+    return {n: (t if scale is None else scale * t)
+            * factor.reshape([-1] + [1] * (t.dim() - 1))
+            for n, (t, scale) in scaled.items()}
+
+
 def sharpness_aware_gradient(params: dict[str, torch.Tensor], closure: Callable[[], torch.Tensor],
                              rho: float, adaptive: bool, eta: float) -> torch.Tensor:
     """Leave the gradient at w + e in ``.grad`` with the weights back at w; the loss at w."""
@@ -187,6 +202,11 @@ class FedSAM(Strategy):
         """The gradient at the ascent point w + e, applied from w."""
         return sharpness_aware_gradient(params, closure, self.rho, self.adaptive,
                                         self.config.asam_eta)
+
+    def stacked_ascent(self, params, grads):
+        """e for a stack of clients (the vmap backend's two-pass step)."""
+        return stacked_ascent_offsets(params, grads, self.rho, self.adaptive,
+                                      self.config.asam_eta)
 
     # ---- server-side SWA ----------------------------------------------------------
     @property

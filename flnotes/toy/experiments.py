@@ -207,12 +207,11 @@ def stacks_seeds(algorithm: str) -> bool:
 
 def _stack_trains(algorithm: str) -> bool:
     """Whether the stack itself trains a method's clients (its seeds at once); the others
-    (their own update, a second gradient, a teacher, a batch term) go seed by seed."""
+    (their own update, a teacher, a batch term) go seed by seed."""
     from flnotes.algorithms import algorithm_class
+    from flnotes.engine.batched.stacked import trains_in_stack
 
-    cls = algorithm_class(algorithm)
-    return stacks_seeds(algorithm) and not (cls.has_local_gradient or cls.has_teacher
-                                            or cls.has_batch_loss)
+    return stacks_seeds(algorithm) and trains_in_stack(algorithm_class(algorithm))
 
 
 def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
@@ -225,8 +224,8 @@ def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
     config = toy_config(algorithm, **overrides)
     config = config.replace(eval_every=config.rounds,
                             backend="vmap" if stacks_seeds(algorithm) else "loop")
-    # FedSAM, FedNTD, FedGen: "no batched training step, its clients train on the loop
-    # backend" is the expected path inside the stack, not news for a race.
+    # FedNTD, FedGen: "no batched training step, its clients train on the loop backend"
+    # is the expected path inside the stack, not news for a race.
     with expecting_fallbacks():
         histories = run_seeds(config, list(seeds), progress=False)
     return [final_row(history) for history in histories]

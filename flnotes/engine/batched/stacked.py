@@ -1,4 +1,9 @@
-"""Train a stack of client models: one vmap'd SGD step over K clients, optionally compiled.
+"""Train a stack of client models: one batched SGD step over K clients, optionally compiled.
+
+A step's gradients come from vmap over the clients, or, where the task computes every
+lane's loss at once (``Task.stacked_losses``: the toy) and the objective has no penalty,
+from one backward pass of the lanes' summed losses. SAM's step (FedSAM, FedASAM) takes two
+gradient passes, the second at the ascent point (``Strategy.stacked_ascent``).
 
 Every step runs the K clients (lanes) of a stack on a (K, B) batch with
 
@@ -77,7 +82,7 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
     all: each lane brings its own data, batch order and penalty anchor.
     """
     task, strategy, config = groups[0][:3]
-    if not stacks(strategy):  # FedSAM, FedNTD: their groups train on the reference loop
+    if not stacks(strategy):  # FedNTD, FedGen: their groups train on the reference loop
         return [train_clients_loop(*group[:2], round, group[3], group[4], group[2])
                 for group in groups]
     penalty = strategy.local_penalty if strategy.has_penalty else None
@@ -90,7 +95,8 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
     states, means = train_stacked(
         task, lanes, {"": starts}, config, ("supervised", strategy),
         lambda: supervised_objective(task.loss_fn, penalty, task.stacked_losses),
-        anchors=anchors if penalty is not None else None)
+        anchors=anchors if penalty is not None else None,
+        ascent=strategy.stacked_ascent if strategy.has_local_gradient else None)
     out, lane = [], 0
     for group_task, _, _, clients, _ in groups:
         out.append([ClientResult(c, states[""][lane + k], group_task.num_samples(c),
@@ -102,16 +108,23 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
 _NOTED: set[str] = set()  # strategies whose fall-back to the loop was already announced
 
 
-def stacks(strategy) -> bool:
-    """Whether the stack trains this strategy's clients; if not, say once that the loop does.
+def trains_in_stack(strategy) -> bool:
+    """Whether the stacked step can train this strategy's clients (a strategy or its class).
 
-    The stacked step has neither a second forward-backward pass per step
-    (``Strategy.local_gradient``, FedSAM) nor a teacher model (``Strategy.teacher_loss``,
-    FedNTD) nor a term from the live model (``Strategy.batch_loss``, FedGen); such a
-    strategy's clients train on the loop backend, whose results the stack would only have
-    reproduced.
+    It takes a second gradient pass per step only for an ascent it can compute for the
+    whole stack (``Strategy.stacked_ascent``: FedSAM's and FedASAM's, not another
+    ``local_gradient``), and has neither a teacher model (``Strategy.teacher_loss``, FedNTD)
+    nor a term from the live model (``Strategy.batch_loss``, FedGen).
     """
-    if not (strategy.has_local_gradient or strategy.has_teacher or strategy.has_batch_loss):
+    if strategy.has_teacher or strategy.has_batch_loss:
+        return False
+    return not strategy.has_local_gradient or strategy.stacked_ascent is not None
+
+
+def stacks(strategy) -> bool:
+    """Whether the stack trains this strategy's clients (:func:`trains_in_stack`); if not,
+    say once that the loop backend does (whose results the stack would only reproduce)."""
+    if trains_in_stack(strategy):
         return True
     if strategy.name not in _NOTED and fallback_warning(
             f"flnotes: {strategy.name} has no batched training step; its clients train on "
@@ -135,6 +148,7 @@ def train_stacked(
     *,
     anchors: list[dict] | None = None,
     shrink: bool | None = None,
+    ascent: Callable | None = None,
 ) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
     """Train K lanes (clients), each with one model per prefix of ``starts``, in one stack.
 
@@ -148,9 +162,11 @@ def train_stacked(
     the objective depends on (the strategy itself, never its id, which Python reuses).
     ``anchors``: each lane's ``penalty_anchor`` (None: the objective has no penalty).
     ``shrink``: whether finished lanes leave the stack (default: only when not compiling).
+    ``ascent``: a strategy's ``stacked_ascent`` (SAM): each step applies the gradient at
+    the parameters plus the ascent's offsets (a second pass), from the parameters.
     """
     step, model, ctx = _cached_step(task, config, len(lanes), tuple(starts), key,
-                                    make_objective)
+                                    make_objective, ascent)
     # Most samples (so most steps) first: the lanes still training are always a prefix.
     order = sorted(range(len(lanes)), key=lambda i: -len(lanes[i][1]))
     lanes = [lanes[i] for i in order]
@@ -253,8 +269,10 @@ def _unprefixed(name: str, starts: dict) -> str:
     return name
 
 
-def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, make_objective):
-    """The (compiled) step for this task, objective and setting, built on first use."""
+def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, make_objective,
+                 ascent: Callable | None = None):
+    """The (compiled) step for this task, objective and setting, built on first use (the key
+    holds the strategy, whose ``ascent`` it is)."""
     full_key = ("stacked-step", *key, num_clients, prefixes, config.compile, config.lr,
                 config.momentum, config.weight_decay, config.batch_size)
     cache = task.backend_cache
@@ -263,7 +281,8 @@ def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, ma
         model = vmap_ready(task.model_factory(), ctx)
         model.train()
         step = make_step(model, ctx, make_objective(), prefixes, lr=config.lr,
-                         momentum=config.momentum, weight_decay=config.weight_decay)
+                         momentum=config.momentum, weight_decay=config.weight_decay,
+                         ascent=ascent)
         if config.compile != "off":
             # The first call compiles: 20 s (CNN) to 4 min (LSTM) on a 2-core CPU.
             tqdm.write(f"flnotes: compiling the training step of {num_clients} clients "
@@ -293,8 +312,16 @@ def make_step(
     lr: float,
     momentum: float,
     weight_decay: float,
+    ascent: Callable | None = None,
 ) -> Callable:
-    """A pure function: one SGD step of K stacked clients, with row and client masks."""
+    """A pure function: one SGD step of K stacked clients, with row and client masks.
+
+    With ``ascent`` (SAM: a strategy's ``stacked_ascent``) the step takes the gradient at
+    the parameters, the offsets e = ascent(params, gradient), and applies the gradient at
+    params + e from params (as ``Strategy.local_gradient`` on the loop); the loss reported is
+    the first pass's, and BatchNorm's running statistics move once per pass, as the loop's
+    two forward passes move them.
+    """
     bn_modules = {n: m for n, m in model.named_modules() if isinstance(m, StatBatchNorm)}
 
     def client_loss(params, buffers, anchor, xb, yb, mask):
@@ -342,6 +369,12 @@ def make_step(
         else:
             grads_of = per_client_grads if row_mask is not None else full_batch_grads
         grads, (_, (reported, stats)) = grads_of(params, buffers, anchor, xb, yb, row_mask)
+        passes = [stats]
+        if ascent is not None:  # SAM: the gradient at params + e replaces the gradient
+            offsets = ascent(params, grads)
+            shifted = {n: p + offsets[n] if n in offsets else p for n, p in params.items()}
+            grads, (_, (_, stats)) = grads_of(shifted, buffers, anchor, xb, yb, row_mask)
+            passes.append(stats)
         on = {}  # the client mask broadcast to each tensor's rank, built once per rank
 
         def keep(new, old):
@@ -360,16 +393,18 @@ def make_step(
                 new_bufs[n] = d
             new_params[n] = keep(p - lr * d, p)
         new_buffers = dict(buffers)
-        for (prefix, name), (mean, var) in stats.items():  # nn.BatchNorm's running stats
-            base = prefix + name
-            tracked = buffers[f"{base}.num_batches_tracked"]
-            tracked_now = tracked + active.to(tracked.dtype)
-            rm, rv = buffers[f"{base}.running_mean"], buffers[f"{base}.running_var"]
-            new_mean, new_var = running_stat_updates(
-                rm, rv, tracked_now, mean, var, bn_modules[name].bn_momentum)
-            new_buffers[f"{base}.num_batches_tracked"] = tracked_now
-            new_buffers[f"{base}.running_mean"] = keep(new_mean, rm)
-            new_buffers[f"{base}.running_var"] = keep(new_var, rv)
+        for stats in passes:  # each forward pass moves nn.BatchNorm's running stats
+            for (prefix, name), (mean, var) in stats.items():
+                base = prefix + name
+                tracked = new_buffers[f"{base}.num_batches_tracked"]
+                tracked_now = tracked + active.to(tracked.dtype)
+                rm = new_buffers[f"{base}.running_mean"]
+                rv = new_buffers[f"{base}.running_var"]
+                new_mean, new_var = running_stat_updates(
+                    rm, rv, tracked_now, mean, var, bn_modules[name].bn_momentum)
+                new_buffers[f"{base}.num_batches_tracked"] = tracked_now
+                new_buffers[f"{base}.running_mean"] = keep(new_mean, rm)
+                new_buffers[f"{base}.running_var"] = keep(new_var, rv)
         return new_params, new_buffers, new_bufs if momentum != 0 else momentum_bufs, reported
 
     return step

@@ -18,10 +18,12 @@ the ``loop`` backend's (float tolerance) because:
   (:mod:`flnotes.engine.batched.functional`), as nn.BatchNorm does in train mode.
 
 This module schedules the batches and splits a round into groups (halving them when a
-GPU runs out of memory); :mod:`flnotes.engine.batched.stacked` trains a group. A strategy
-whose local step needs a second pass (``Strategy.local_gradient``: FedSAM) or a teacher
-model (``Strategy.teacher_loss``: FedNTD) trains on the loop instead, with a one-time
-warning (:func:`flnotes.engine.batched.stacked.stacks`).
+GPU runs out of memory); :mod:`flnotes.engine.batched.stacked` trains a group, FedSAM's
+and FedASAM's two-pass steps included (``Strategy.stacked_ascent``). A strategy whose local
+step needs another second pass (``Strategy.local_gradient`` without a stacked ascent), a
+teacher model (``Strategy.teacher_loss``: FedNTD) or a term from the live model
+(``Strategy.batch_loss``: FedGen) trains on the loop instead, with a one-time warning
+(:func:`flnotes.engine.batched.stacked.stacks`).
 """
 
 from __future__ import annotations
