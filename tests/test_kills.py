@@ -343,3 +343,30 @@ def test_a_reader_that_leaves_stops_the_run_resumably(tmp_path):
     assert json.loads((cut / "run.json").read_text())["status"] == "interrupted"
     subprocess.run([*command, str(cut)], check=True, capture_output=True, env=env)
     _assert_same(_folder(cut), _folder(whole), "a reader that left, then resumed")
+
+
+def test_a_reader_of_both_streams_that_leaves_still_gets_141(tmp_path):
+    """`flnotes run ... 2>&1 | head -1`: the resume line cannot reach the closed stderr
+    either; the run still stops as interrupted and the command still exits 141."""
+    cut = tmp_path / "cut"
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "flnotes", "run", "--dataset", "toy", "--rounds", "12",
+         "--run-dir", str(cut)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert reader.stdout.readline().startswith(b"toy task")
+    reader.stdout.close()
+    assert reader.wait(timeout=120) == 141
+    assert json.loads((cut / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_seeds_write_their_curves_before_a_reader_can_leave(tmp_path):
+    """`flnotes run --seeds 0,1 ... | head -1`: the seeds finished; the curves are written
+    before the summary is printed, and the command ends 0, with no traceback."""
+    out = tmp_path / "seeds"
+    done = subprocess.run(
+        f"{sys.executable} -m flnotes run --dataset toy --rounds 3 --seeds 0,1 "
+        f"--run-dir {out} | head -1", shell=True, capture_output=True, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, executable="/bin/bash")
+    assert done.stdout.startswith("seed 0: completed")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (out / "learning_curves.png").is_file()

@@ -470,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return 1
     if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_READER_LEFT):
-        print(f"done in {time.perf_counter() - tic:.1f} s")
+        try:
+            print(f"done in {time.perf_counter() - tic:.1f} s")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left after the work was done: it stands
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
 

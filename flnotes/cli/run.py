@@ -6,6 +6,7 @@ Kept apart from :mod:`flnotes.cli.main`, which builds the parser and dispatches.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
 
         if tracker:
             tracker.close("interrupted")
-        print(interruption_report(config.run_dir), file=sys.stderr)
+        _say(interruption_report(config.run_dir))
         return exit_code(stop)
     except BaseException:
         if tracker:
@@ -84,13 +85,15 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
                  if history.status == "completed" else
                  "a diverged run is not continued: change a setting (e.g. --lr) or delete "
                  "the folder to run it again")
+        # A logger asked for after the run gets the run's rows now, before the printing
+        # (which a reader that leaves early would cut short).
+        logged = tracker.backfill(history.rows) if tracker else []
         print(f"{config.run_dir} already holds this run ({history.status}, "
               f"{len(history.rows)} rounds): showing it; {go_on}")
         for row in history.rows:
             print(_row_line(row, config.dataset))
-        if tracker:  # a logger asked for after the run: it gets the run's rows now
-            for name in tracker.backfill(history.rows):
-                print(f"{name}: logged the {len(history.rows)} rounds of metrics.jsonl")
+        for name in logged:
+            print(f"{name}: logged the {len(history.rows)} rounds of metrics.jsonl")
     if tracker:
         tracker.close(history.status)
     from flnotes.plots import plot_learning_curves
@@ -161,32 +164,34 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     try:
         histories = run_seeds(config, seeds, progress=on_terminal(), track=False)
     except KeyboardInterrupt as stop:
-        for seed in seeds:
-            print(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}",
-                  file=sys.stderr)
+        _say("\n".join(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}"
+                        for seed in seeds))
         return exit_code(stop)
-    finals = []
+    # Everything is written (curves, loggers) before anything is printed: a reader that
+    # leaves early (`run --seeds ... | head -1`) must not cost the curves or the logs.
+    lines, finals = [], []
     for seed, history in zip(seeds, histories, strict=True):
         metrics = run_metrics(history.metric("accuracy"))
         finals.append(metrics["last_mean"])
         last = min(metrics["evaluations"], LAST_EVALUATIONS)
-        print(f"seed {seed}: {history.status}, final accuracy {metrics['final']:.4f}, "
-              f"mean +- std of the last {last} evaluations "
-              f"{metrics['last_mean']:.4f} +- {_number(metrics['last_std'])}")
-    print(f"mean +- std over {len(seeds)} seeds: {sum(finals) / len(finals):.4f} +- "
-          f"{_number(sample_std(finals))} (sample std, ddof=1, of each seed's "
-          "last-evaluations mean)")
+        lines.append(f"seed {seed}: {history.status}, final accuracy {metrics['final']:.4f}, "
+                     f"mean +- std of the last {last} evaluations "
+                     f"{metrics['last_mean']:.4f} +- {_number(metrics['last_std'])}")
+    lines.append(f"mean +- std over {len(seeds)} seeds: {sum(finals) / len(finals):.4f} +- "
+                 f"{_number(sample_std(finals))} (sample std, ddof=1, of each seed's "
+                 "last-evaluations mean)")
     fig = plot_learning_curves({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
                                title=f"{_curve_title(config)}, {len(seeds)} seeds")
     png = _save_curve(fig, Path(config.run_dir) / "learning_curves.png")
-    print(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
+    lines.append(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
     for seed, history in zip(seeds, histories, strict=True):
         tracker = _tracker(config.replace(seed=seed, run_dir=str(history.run_dir)), loggers,
                            logger_dir)
         if tracker:
             tracker.backfill(history.rows)
             tracker.close(history.status)
-            print(f"seed {seed}: {'; '.join(tracker.where())}")
+            lines.append(f"seed {seed}: {'; '.join(tracker.where())}")
+    print("\n".join(lines))
     return 0 if all(h.status == "completed" for h in histories) else 1
 
 
@@ -251,6 +256,15 @@ def _row_line(row: dict, dataset: str) -> str:
         score = f"accuracy {row['accuracy']:.4f}" if "accuracy" in row else "accuracy    -  "
     return (f"round {row['round']:4d}  train_loss {row['train_loss']:.4f}  {score}"
             f"  ({row['seconds']:.2f} s)")
+
+
+def _say(text: str) -> None:
+    """A line for stderr that a closed stderr (`... 2>&1 | head`) does not turn into an
+    error: it comes after the run stopped, whose exit status must stand."""
+    try:
+        print(text, file=sys.stderr)
+    except BrokenPipeError:  # the rest of stderr goes nowhere (no error when Python exits)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 def _write_line(line: str, above_bar: bool = True) -> None:
