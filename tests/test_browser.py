@@ -674,12 +674,15 @@ def _check_reopened(page, name: str) -> None:
 DIRTY = ".lm-TabBar-tab.jp-mod-dirty"
 
 
-def _not_unsaved(page, failure: str) -> None:
-    """The notebook's tab is not marked unsaved (JupyterLab's dot), after a second for late
-    marks (jupyterlab_widgets marks it on each widget model it registers; flnotes' extension
-    clears that mark while the cells and metadata are as saved)."""
-    time.sleep(1)
-    assert page.locator(DIRTY).count() == 0, failure
+def _not_unsaved(page, failure: str, seconds: float = 3.0) -> None:
+    """The notebook's tab is not marked unsaved (JupyterLab's dot), looked at for a few
+    seconds, so that a late mark is seen too (jupyterlab_widgets marks it on each widget
+    model it registers; flnotes' extension clears that mark while the cells and metadata are
+    as saved)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert page.locator(DIRTY).count() == 0, failure
+        time.sleep(0.25)
 
 
 def _edit_marks_unsaved(page, name: str) -> None:

@@ -1,6 +1,7 @@
 """The 2-parameter toy: every registered algorithm runs on it through the real engine."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -82,6 +83,7 @@ def test_stacked_losses_are_each_models_own_loss_and_its_gradient():
     rows = torch.stack([task.client_data(c)[0] for c in (0, 1, 2)])  # (3, 5, 3)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]).float()
     params = {name: points[:, i].clone().requires_grad_() for i, name in enumerate("xy")}
+    assert task.stacked_losses == task.losses_of_stack
     losses = task.stacked_losses(params, rows, None, mask)
     grads = torch.autograd.grad(losses.sum(), [params["x"], params["y"]])
     for k in range(3):
@@ -97,26 +99,30 @@ def test_stacked_losses_are_each_models_own_loss_and_its_gradient():
         assert grads[1][k].item() == pytest.approx(model.y.grad.item(), abs=1e-5)
     assert torch.allclose(task.stacked_losses(params, rows, None, None),
                           task.stacked_losses(params, rows, None, torch.ones(3, 5)))
+    task.loss_fn = lambda out, target: out.square().mean()  # not the loss the hook computes
+    assert task.stacked_losses is None
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedqp", "fedprox"])
 def test_the_stacked_step_without_vmap_equals_vmaps(monkeypatch, algorithm):
     """The vmap backend's step on the toy takes every lane's gradient from one backward pass
     of ToyTask.stacked_losses (no vmap); runs equal the step with vmap (the task's hook
-    removed) to float tolerance: uneven batches (padding rows), momentum, FedQP's
-    projection; FedProx (a penalty) keeps vmap's step, so it must not call the hook."""
+    removed) to float tolerance: uneven batches (padding rows), momentum, weight decay,
+    FedQP's projection; FedProx (a penalty) keeps vmap's step, so it must not call the
+    hook."""
     from flnotes.toy.task import ToyTask
 
     config = _config(algorithm, backend="vmap", rounds=4, num_clients=4, batch_size=3,
+                     weight_decay=0.05,
                      data_options={"start": [-0.4, -0.5], "samples_per_client": 7})
     calls = []
-    own = ToyTask.stacked_losses
+    own = ToyTask.losses_of_stack
 
     def counted(self, *args):
         calls.append(1)
         return own(self, *args)
 
-    monkeypatch.setattr(ToyTask, "stacked_losses", counted)
+    monkeypatch.setattr(ToyTask, "losses_of_stack", counted)
     fast = run(config, progress=False)
     assert bool(calls) == (algorithm != "fedprox")
     monkeypatch.setattr(ToyTask, "stacked_losses", None)
@@ -436,3 +442,21 @@ def test_warm_up_runs_each_method_once_and_keeps_nothing(monkeypatch):
     assert runs == [("fedavg", 1, [0]), ("fml", 1, [0]), ("clusamp", 1, [0]),
                     ("fedsam", 1, [0])]
     assert experiments._RACES == kept
+    # A worker racing in another thread holds the race lock: warm_up does not wait for it.
+    held, release = threading.Event(), threading.Event()
+
+    def racing():
+        with experiments._RACING:
+            held.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=racing)
+    worker.start()
+    held.wait(10)
+    experiments.warm_up(["fedprox"])
+    release.set()
+    worker.join()
+    assert runs[-1][0] == "fedsam"
+    # A method that fails to run is no error of the explorer's cell.
+    monkeypatch.setattr(seeds, "run_seeds", lambda *a, **k: 1 / 0)
+    experiments.warm_up(["fedmut"])

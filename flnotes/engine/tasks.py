@@ -67,7 +67,9 @@ class Task:
     # A task whose models' loss can be computed for a stack of models at once (the toy: two
     # numbers per model) defines stacked_losses(params, x, y, mask) -> (K,): params
     # {name: (K, ...)}, x and y (K, B, ...), mask (K, B) or None (every row real), each lane's
-    # loss_fn mean over its real rows. The stacked step then needs no vmap (batched/stacked).
+    # loss_fn mean over its real rows of the model model_factory builds, lane k's loss a
+    # function of lane k's parameters only (the gradient of the sum is then each lane's).
+    # The stacked step then needs no vmap (batched/stacked).
     stacked_losses = None
 
     def working_model(self) -> nn.Module:

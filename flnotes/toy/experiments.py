@@ -243,14 +243,23 @@ def warm_up(algorithms: Sequence[str]) -> None:
     from flnotes.engine.seeds import run_seeds
 
     todo = [name for name in algorithms if name not in _WARMED]
-    if not todo:
+    # Only a speed-up: never waited for (a worker still racing holds the lock: its race has
+    # run the imports) and never an error of the explorer's cell (a method that fails here
+    # fails in its race, which says so).
+    if not todo or not _RACING.acquire(blocking=False):
         return
-    with _RACING, expecting_fallbacks():
-        for name in todo:
-            config = toy_config(name, rounds=1, eval_every=1,
-                                backend="vmap" if stacks_seeds(name) else "loop")
-            run_seeds(config, [0], progress=False, track=False)
-            _WARMED.add(name)
+    try:
+        with expecting_fallbacks():
+            for name in todo:
+                _WARMED.add(name)
+                config = toy_config(name, rounds=1, eval_every=1,
+                                    backend="vmap" if stacks_seeds(name) else "loop")
+                try:
+                    run_seeds(config, [0], progress=False, track=False)
+                except Exception:  # noqa: BLE001 - see above
+                    pass
+    finally:
+        _RACING.release()
 
 
 def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 100,

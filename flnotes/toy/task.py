@@ -97,11 +97,18 @@ class ToyTask(Task):
         flat = bool(self.federation.in_flat_basin(point))
         return {"accuracy": float(flat), "loss": float(losses.mean())}
 
-    def stacked_losses(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
-                       targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    @property
+    def stacked_losses(self):
+        """:meth:`losses_of_stack` (Task.stacked_losses), while this task's loss is the
+        toy_loss it computes (a ToyTask given another loss_fn trains by vmap)."""
+        return self.losses_of_stack if self.loss_fn is toy_loss else None
+
+    def losses_of_stack(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
+                        targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """toy_loss of K models (params x, y: (K,)) on their batches rows (K, B, 3) at once:
         (K,), each the mean over its real rows (mask (K, B); None: all) of ToyModel's per-row
-        loss L_client(p) + noise . p. The stacked training step's path without vmap."""
+        loss L_client(p) + noise . p; lane k's loss depends on lane k's parameters only. The
+        stacked training step's path without vmap."""
         points = torch.stack([params["x"], params["y"]], dim=-1)  # (K, 2)
         losses = self.federation.client_losses(points)  # (K, C)
         noise = (rows[..., 1:] @ points[..., None])[..., 0]  # (K, B): noise . p

@@ -3,7 +3,8 @@
 // State Automatically" on, flnotes' package default), and restoring the saved state, or the
 // state of a running kernel after a reload, registers every model again. Nothing the student
 // could lose has changed, so this plugin clears that mark: "unsaved" means the notebook's cells
-// or metadata differ from the file as last loaded or saved, widget state aside.
+// or metadata differ from the file as last loaded or saved, widget state aside. (So a change
+// of widget state alone, with no output or cell changed, is not asked about on closing.)
 //
 // It needs no JupyterLab package of its own: a document widget extension (the application's
 // document registry) is called for every notebook that opens.
@@ -16,10 +17,18 @@ function withoutWidgetState(model) {
   return JSON.stringify(notebook);
 }
 
+const watched = new WeakSet(); // contexts watched already (a second view shares one)
+
 function watch(context) {
+  if (watched.has(context)) {
+    return;
+  }
+  watched.add(context);
   let onDisk = null; // the notebook as last loaded or saved, widget state aside
   const remember = () => {
-    onDisk = withoutWidgetState(context.model);
+    if (!context.model.dirty) { // never an unsaved edit taken for the file's content
+      onDisk = withoutWidgetState(context.model);
+    }
   };
   context.ready.then(remember);
   context.fileChanged.connect(remember); // after a save or a revert
