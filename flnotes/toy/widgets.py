@@ -779,15 +779,19 @@ def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, st
     import warnings
 
     from flnotes.toy import run_toy
+    from flnotes.toy.experiments import _stack_trains
 
     extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
+    # The two clients as one stack where the stack trains the method (a third less time
+    # than the loop on the toy; the same path to float tolerance), else the loop.
+    backend = "vmap" if _stack_trains(name) else "loop"
     # Evaluated once, after the last round: the picture needs the recorded states of every
     # round but the evaluation (a Hessian per round) of the last only.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history, points = run_toy(name, lr=lr, rounds=rounds, seed=seed, eval_every=rounds,
                                   data_options={"start": [start_x, start_y], "shift": shift},
-                                  **extra)
+                                  backend=backend, **extra)
     notes = tuple(dict.fromkeys(str(w.message).removeprefix("flnotes: ") for w in caught))
     return dict(history.rows[-1]), points, notes
 
