@@ -291,3 +291,42 @@ def test_swa_settings_that_do_nothing_are_said_before_the_run(capsys):
     assert main(["run", "--algorithm", "fedsam", "--swa-start", "2", *small]) == 0
     out = capsys.readouterr()
     assert "swa is off" in out.out + out.err
+
+
+def test_seeds_at_different_rates_each_train_at_their_own(tmp_path, monkeypatch):
+    """Seeds stacked in one round whose rates differ (seeds 1 and 2 resumed keep the SWA
+    start their 4-round runs fixed, 3 starts afresh with its own) each train at their own
+    rate: the stack splits by rate. SWA's clients train on the loop (FedSAM.stacked_ascent
+    is None with SWA); here the stacked ascent is forced on to reach the split."""
+    import warnings
+
+    from flnotes.algorithms.fedsam import stacked_ascent_offsets
+    from flnotes.engine.seeds import run_seeds
+
+    monkeypatch.setattr(FedSAM, "stacked_ascent", property(
+        lambda self: lambda p, g: stacked_ascent_offsets(p, g, self.rho, False, 0.0)))
+    config = RunConfig(dataset="synthetic", model="mlp", num_clients=6, clients_per_round=3,
+                       rounds=4, batch_size=32, lr=0.05, momentum=0.5, seed=1,
+                       algorithm="fedsam", swa=True, swa_cycle=2, swa_lr=1e-3,
+                       data_options={"num_train": 600, "num_test": 200}, device="cpu",
+                       backend="vmap", run_dir=str(tmp_path / "seeds"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_seeds(config, [1, 2], progress=False, track=False)
+        stacked = run_seeds(config.replace(rounds=8), [1, 2, 3], progress=False, track=False)
+        alone = run(config.replace(seed=3, rounds=8, run_dir=None, backend="loop"),
+                    progress=False)
+    assert states_allclose(stacked[2].final_state, alone.final_state, rtol=1e-4, atol=1e-5)
+    assert [r["train_loss"] for r in stacked[2].rows] == pytest.approx(
+        [r["train_loss"] for r in alone.rows], rel=1e-4)
+
+
+def test_swa_trains_on_the_loop_and_plain_fedsam_in_the_stack():
+    """SWA changes the rate every round of a cycle (a compiled step per rate): its clients
+    train on the loop; without SWA the stack trains them (rho and eta fixed as numbers)."""
+    from flnotes.engine.batched.stacked import trains_in_stack
+
+    plain = FedSAM(swa_config(swa=False, sam_rho=0.05), {"w": torch.zeros(2)})
+    assert trains_in_stack(plain) and plain.stacked_ascent is not None
+    swa = FedSAM(swa_config(sam_rho=0.05), {"w": torch.zeros(2)})
+    assert not trains_in_stack(swa)

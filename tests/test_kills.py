@@ -364,9 +364,10 @@ def test_seeds_write_their_curves_before_a_reader_can_leave(tmp_path):
     before the summary is printed, and the command ends 0, with no traceback."""
     out = tmp_path / "seeds"
     done = subprocess.run(
-        f"{sys.executable} -m flnotes run --dataset toy --rounds 3 --seeds 0,1 "
-        f"--run-dir {out} | head -1", shell=True, capture_output=True, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, executable="/bin/bash")
+        f"set -o pipefail; {sys.executable} -m flnotes run --dataset toy --rounds 3 "
+        f"--seeds 0,1 --run-dir {out} | head -1", shell=True, capture_output=True,
+        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, executable="/bin/bash")
     assert done.stdout.startswith("seed 0: completed")
     assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0  # every seed completed: the reader leaving changes nothing
     assert (out / "learning_curves.png").is_file()

@@ -372,6 +372,19 @@ def test_a_method_that_draws_fedavgs_path_says_so_beside_the_figure():
     assert ex.note.value == ""
 
 
+@pytest.mark.parametrize("method", ["fedntd", "fedgen", "moon"])
+def test_a_figures_runs_share_one_backend_so_a_copy_of_fedavg_stays_a_copy(method):
+    """At a high learning rate over many rounds the toy is chaotic: FedAvg on the stack and
+    a method on the loop would part by float rounding alone. Both runs of a figure train on
+    one backend, so a method that trains as FedAvg still draws exactly FedAvg's path."""
+    values = {"algorithm": method, "lr": 0.2, "rounds": 60, "alpha": 4.0, "beta0": 0.3,
+              "shift": 1.0, "start_x": -0.6, "start_y": -0.7}
+    assert "exactly FedAvg's path" in widgets.training_note(values)
+    shown = widgets._training_backend([widgets.BASELINE, method])
+    assert shown == widgets._training_backend([method])
+    assert widgets._training_backend([widgets.BASELINE, "fedmut"]) == "vmap"
+
+
 def test_the_race_starts_from_the_methods_defaults_and_shows_an_interval():
     from flnotes.algorithms import settings_of
 

@@ -203,10 +203,16 @@ class FedSAM(Strategy):
         return sharpness_aware_gradient(params, closure, self.rho, self.adaptive,
                                         self.config.asam_eta)
 
-    def stacked_ascent(self, params, grads):
-        """e for a stack of clients (the vmap backend's two-pass step)."""
-        return stacked_ascent_offsets(params, grads, self.rho, self.adaptive,
-                                      self.config.asam_eta)
+    @property
+    def stacked_ascent(self):
+        """e for a stack of clients (the vmap backend's two-pass step), its rho and eta
+        fixed as numbers (a compiled step does not trace the config). None with SWA: its
+        rate changes every round of a cycle, and a compiled step is built per rate (c
+        compilations), so SWA's clients train on the loop, as before the stacked step."""
+        if self.config.swa:
+            return None
+        rho, adaptive, eta = self.rho, self.adaptive, float(self.config.asam_eta)
+        return lambda params, grads: stacked_ascent_offsets(params, grads, rho, adaptive, eta)
 
     # ---- server-side SWA ----------------------------------------------------------
     @property

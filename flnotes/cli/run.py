@@ -191,8 +191,13 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
             tracker.backfill(history.rows)
             tracker.close(history.status)
             lines.append(f"seed {seed}: {'; '.join(tracker.where())}")
-    print("\n".join(lines))
-    return 0 if all(h.status == "completed" for h in histories) else 1
+    code = 0 if all(h.status == "completed" for h in histories) else 1
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left: the seeds' status stands
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 def _save_curve(fig, png: Path) -> str:

@@ -749,12 +749,15 @@ def training_runs(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                   start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> dict:
     """{title: trajectory points} of FedAvg and ``algorithm`` from the same start and seed."""
     runs = {}
-    for name in dict.fromkeys([BASELINE, algorithm]):
+    names = list(dict.fromkeys([BASELINE, algorithm]))
+    backend = _training_backend(names)
+    for name in names:
         # alpha and beta0 are the mutation's range and preference: only the methods that
         # declare them (FedMut, FedQP) get them.
         mutation = (float(alpha), float(beta0)) if reads(name, "alpha", "beta0") else None
         final, points, _ = _toy_run(name, float(lr), int(rounds), float(shift),
-                                    float(start_x), float(start_y), int(seed), mutation)
+                                    float(start_x), float(start_y), int(seed), mutation,
+                                    backend)
         where = "flat" if final.get("accuracy") else "not flat"
         runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
     return runs
@@ -769,9 +772,21 @@ def draw_training(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                                   seed=seed)
 
 
+def _training_backend(names: list[str]) -> str:
+    """The backend of a training figure's runs: one for all of them, so that two paths
+    differ only by their methods (the toy is chaotic at a high learning rate: float
+    rounding of two backends grows into visibly different paths, and a method that draws
+    exactly FedAvg's path would not). The two clients as one stack where the stack trains
+    every method shown (a third less time than the loop on the toy), else the loop."""
+    from flnotes.toy.experiments import _stack_trains
+
+    return "vmap" if all(_stack_trains(name) for name in names) else "loop"
+
+
 @lru_cache(maxsize=256)
 def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, start_y: float,
-             seed: int, mutation: tuple[float, float] | None) -> tuple[dict, dict, tuple]:
+             seed: int, mutation: tuple[float, float] | None,
+             backend: str = "loop") -> tuple[dict, dict, tuple]:
     """One toy run's final row, trajectory and the notes its method gave (warnings, which a
     widget callback would send only to JupyterLab's log console), kept for the explorer:
     moving alpha re-runs the mutation method only, FedAvg's run is reused (a run is a
@@ -779,12 +794,8 @@ def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, st
     import warnings
 
     from flnotes.toy import run_toy
-    from flnotes.toy.experiments import _stack_trains
 
     extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
-    # The two clients as one stack where the stack trains the method (a third less time
-    # than the loop on the toy; the same path to float tolerance), else the loop.
-    backend = "vmap" if _stack_trains(name) else "loop"
     # Evaluated once, after the last round: the picture needs the recorded states of every
     # round but the evaluation (a Hessian per round) of the last only.
     with warnings.catch_warnings(record=True) as caught:
@@ -806,12 +817,14 @@ def training_note(values: dict) -> str:
     if method == BASELINE:
         return ""
     runs = {}
+    backend = _training_backend([BASELINE, method])  # the figure's runs: the same ones
     for name in (BASELINE, method):
         mutation = ((float(values["alpha"]), float(values["beta0"]))
                     if reads(name, "alpha", "beta0") else None)
         runs[name] = _toy_run(name, float(values["lr"]), int(values["rounds"]),
                               float(values["shift"]), float(values["start_x"]),
-                              float(values["start_y"]), int(values.get("seed", 0)), mutation)
+                              float(values["start_y"]), int(values.get("seed", 0)), mutation,
+                              backend)
     ours, theirs = runs[method][1]["global"], runs[BASELINE][1]["global"]
     if ours.shape != theirs.shape or not torch.allclose(ours, theirs, atol=1e-6):
         return ""

@@ -81,6 +81,18 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
     several seeds of one config (flnotes.engine.seeds), whose first strategy's objective serves
     all: each lane brings its own data, batch order and penalty anchor.
     """
+    settings = [(g[2].lr, g[2].momentum, g[2].weight_decay) for g in groups]
+    if len(set(settings)) > 1:
+        # The step is built for one learning rate: seeds whose rounds' rates differ (a
+        # resumed seed of FedSAM+SWA keeps the schedule it began with) train in one stack
+        # per rate.
+        out = [None] * len(groups)
+        for setting in dict.fromkeys(settings):
+            chosen = [i for i, s in enumerate(settings) if s == setting]
+            trained = train_supervised([groups[i] for i in chosen], round)
+            for i, results in zip(chosen, trained, strict=True):
+                out[i] = results
+        return out
     task, strategy, config = groups[0][:3]
     if not stacks(strategy):  # FedNTD, FedGen: their groups train on the reference loop
         return [train_clients_loop(*group[:2], round, group[3], group[4], group[2])
