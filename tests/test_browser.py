@@ -771,8 +771,13 @@ def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
             if "_explorer(" in cell.locator(".jp-InputArea").inner_text():
                 assert cell.locator(".jp-OutputArea img").count(), \
                     f"{name}: reopened, an explorer shows no figure"
-                assert cell.locator(".widget-hbox").count(), \
-                    f"{name}: reopened, an explorer shows no controls"
+                # The saved controls come once the new kernel's session is up (the widget
+                # manager restores the state then): on a loaded machine that takes a while.
+                try:
+                    cell.locator(".widget-hbox").first.wait_for(timeout=90_000)
+                except PlaywrightTimeout:
+                    raise AssertionError(
+                        f"{name}: reopened, an explorer shows no controls") from None
         _not_unsaved(page, f"{name}: a saved copy reopened is marked unsaved (nothing changed)")
         _edit_marks_unsaved(page, name)
     except BaseException:
