@@ -21,6 +21,7 @@ from flnotes.cli.run import (
     EXIT_TERMINATED,
     exit_code,
     run_command,
+    send_nowhere,
     terminate_like_ctrl_c,
 )
 from flnotes.config import (
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        send_nowhere()
         return 0
     except OSError as err:  # a folder that cannot be written, a disk that is full, ...
         where = f": {err.filename}" if err.filename else ""
@@ -474,6 +475,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"done in {time.perf_counter() - tic:.1f} s")
             sys.stdout.flush()
         except BrokenPipeError:  # the reader left after the work was done: it stands
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            send_nowhere()
     return code
 

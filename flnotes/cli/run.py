@@ -6,7 +6,6 @@ Kept apart from :mod:`flnotes.cli.main`, which builds the parser and dispatches.
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,11 @@ from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses
     exit_code,
     terminate_like_ctrl_c,
 )
-from flnotes.engine.stops import EXIT_READER_LEFT, reader_left  # noqa: F401
+from flnotes.engine.stops import (  # noqa: F401 (EXIT_READER_LEFT, send_nowhere: main's)
+    EXIT_READER_LEFT,
+    reader_left,
+    send_nowhere,
+)
 from flnotes.messages import on_terminal
 
 
@@ -196,7 +199,7 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
         print("\n".join(lines))
         sys.stdout.flush()
     except BrokenPipeError:  # the reader left: the seeds' status stands
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        send_nowhere()
     return code
 
 
@@ -268,8 +271,8 @@ def _say(text: str) -> None:
     error: it comes after the run stopped, whose exit status must stand."""
     try:
         print(text, file=sys.stderr)
-    except BrokenPipeError:  # the rest of stderr goes nowhere (no error when Python exits)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+    except BrokenPipeError:
+        send_nowhere(sys.stderr)
 
 
 def _write_line(line: str, above_bar: bool = True) -> None:

@@ -24,13 +24,20 @@ class ReaderLeft(KeyboardInterrupt):
     command exits 141, as one stopped by SIGPIPE."""
 
 
-def reader_left() -> ReaderLeft:
-    """After a BrokenPipeError on stdout: send the rest of stdout nowhere (no second error,
-    none at exit when Python flushes it) and return the stop to raise."""
+def send_nowhere(stream=None) -> None:
+    """After a BrokenPipeError on ``stream`` (default stdout): the rest of it goes to
+    os.devnull, so that neither a later line nor Python's flush at exit raises again."""
     import os
     import sys
 
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    stream = sys.stdout if stream is None else stream
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def reader_left() -> ReaderLeft:
+    """After a BrokenPipeError on stdout: the rest of stdout goes nowhere
+    (:func:`send_nowhere`); returns the stop to raise."""
+    send_nowhere()
     return ReaderLeft("the reader of the output went away (a closed pipe)")
 
 
