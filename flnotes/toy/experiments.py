@@ -205,7 +205,7 @@ def stacks_seeds(algorithm: str) -> bool:
     return not algorithm_class(algorithm).uses_custom_update(state_of((0.0, 0.0)))
 
 
-def _stack_trains(algorithm: str) -> bool:
+def stack_trains(algorithm: str) -> bool:
     """Whether the stack itself trains a method's clients (its seeds at once); the others
     (their own update, a teacher, a batch term) go seed by seed."""
     from flnotes.algorithms import algorithm_class
@@ -240,8 +240,6 @@ def warm_up(algorithms: Sequence[str]) -> None:
     it needs: torch.optim's first step imports torch._dynamo (about 1 s on a 2-core CPU),
     ClusSamp imports scipy.cluster (0.4 s). The race explorer calls this when it is made, so
     that those imports land in its cell, not in a student's first move to such a method."""
-    from flnotes.engine.seeds import run_seeds
-
     todo = [name for name in algorithms if name not in _WARMED]
     # Only a speed-up: never waited for (a worker still racing holds the lock: its race has
     # run the imports) and never an error of the explorer's cell (a method that fails here
@@ -249,15 +247,12 @@ def warm_up(algorithms: Sequence[str]) -> None:
     if not todo or not _RACING.acquire(blocking=False):
         return
     try:
-        with expecting_fallbacks():
-            for name in todo:
-                _WARMED.add(name)
-                config = toy_config(name, rounds=1, eval_every=1,
-                                    backend="vmap" if stacks_seeds(name) else "loop")
-                try:
-                    run_seeds(config, [0], progress=False, track=False)
-                except Exception:  # noqa: BLE001 - see above
-                    pass
+        for name in todo:
+            _WARMED.add(name)
+            try:
+                method_rows((name, [0], {"rounds": 1}))  # a race's own path, kept nowhere
+            except Exception:  # noqa: BLE001 - see above
+                pass
     finally:
         _RACING.release()
 
@@ -445,7 +440,7 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         # Stacked, the methods that run seed by seed take several times longer than the
         # others: hand them out first, so the workers finish together.
-        order = (sorted(range(len(jobs)), key=lambda i: _stack_trains(jobs[i][0])) if stack
+        order = (sorted(range(len(jobs)), key=lambda i: stack_trains(jobs[i][0])) if stack
                  else list(range(len(jobs))))
         with ProcessPoolExecutor(processes, mp_context=context,
                                  initializer=torch.set_num_threads, initargs=(1,)) as pool:

@@ -749,17 +749,26 @@ def training_runs(algorithm: str = "fedmut", lr: float = 0.1, rounds: int = 20,
                   start_x: float = -0.6, start_y: float = -0.7, seed: int = 0) -> dict:
     """{title: trajectory points} of FedAvg and ``algorithm`` from the same start and seed."""
     runs = {}
+    for name, (final, points, _) in _figure_runs(algorithm, lr, rounds, alpha, beta0, shift,
+                                                 start_x, start_y, seed).items():
+        where = "flat" if final.get("accuracy") else "not flat"
+        runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
+    return runs
+
+
+def _figure_runs(algorithm: str, lr: float, rounds: int, alpha: float, beta0: float,
+                 shift: float, start_x: float, start_y: float, seed: int = 0) -> dict:
+    """{name: _toy_run(...)} of FedAvg and ``algorithm``: a training figure's runs, on one
+    backend (:func:`_training_backend`)."""
     names = list(dict.fromkeys([BASELINE, algorithm]))
     backend = _training_backend(names)
+    runs = {}
     for name in names:
         # alpha and beta0 are the mutation's range and preference: only the methods that
         # declare them (FedMut, FedQP) get them.
         mutation = (float(alpha), float(beta0)) if reads(name, "alpha", "beta0") else None
-        final, points, _ = _toy_run(name, float(lr), int(rounds), float(shift),
-                                    float(start_x), float(start_y), int(seed), mutation,
-                                    backend)
-        where = "flat" if final.get("accuracy") else "not flat"
-        runs[f"{name}: loss {final.get('loss', float('nan')):.3f}, {where}"] = points
+        runs[name] = _toy_run(name, float(lr), int(rounds), float(shift), float(start_x),
+                              float(start_y), int(seed), mutation, backend)
     return runs
 
 
@@ -778,9 +787,9 @@ def _training_backend(names: list[str]) -> str:
     rounding of two backends grows into visibly different paths, and a method that draws
     exactly FedAvg's path would not). The two clients as one stack where the stack trains
     every method shown (a third less time than the loop on the toy), else the loop."""
-    from flnotes.toy.experiments import _stack_trains
+    from flnotes.toy.experiments import stack_trains
 
-    return "vmap" if all(_stack_trains(name) for name in names) else "loop"
+    return "vmap" if all(stack_trains(name) for name in names) else "loop"
 
 
 @lru_cache(maxsize=256)
@@ -816,15 +825,9 @@ def training_note(values: dict) -> str:
     method = values["algorithm"]
     if method == BASELINE:
         return ""
-    runs = {}
-    backend = _training_backend([BASELINE, method])  # the figure's runs: the same ones
-    for name in (BASELINE, method):
-        mutation = ((float(values["alpha"]), float(values["beta0"]))
-                    if reads(name, "alpha", "beta0") else None)
-        runs[name] = _toy_run(name, float(values["lr"]), int(values["rounds"]),
-                              float(values["shift"]), float(values["start_x"]),
-                              float(values["start_y"]), int(values.get("seed", 0)), mutation,
-                              backend)
+    runs = _figure_runs(method, values["lr"], values["rounds"], values["alpha"],
+                        values["beta0"], values["shift"], values["start_x"],
+                        values["start_y"], values.get("seed", 0))  # the figure's own runs
     ours, theirs = runs[method][1]["global"], runs[BASELINE][1]["global"]
     if ours.shape != theirs.shape or not torch.allclose(ours, theirs, atol=1e-6):
         return ""
@@ -993,9 +996,9 @@ def preview_seeds(algorithm: str, rounds: int = 15) -> int:
     races of more than 15 rounds, never fewer than 2 (a stacked round costs nearly the same
     whatever the seeds: at 40 rounds 3 seeds took 0.35 s on a 2-core CPU, 2 seeds 0.28 s,
     against 0.22 s for 10 seeds at 15 rounds)."""
-    from flnotes.toy.experiments import _stack_trains
+    from flnotes.toy.experiments import stack_trains
 
-    first = PREVIEW_SEEDS if _stack_trains(algorithm) else PREVIEW_SEEDS_ONE_BY_ONE
+    first = PREVIEW_SEEDS if stack_trains(algorithm) else PREVIEW_SEEDS_ONE_BY_ONE
     return max(2, round(first * (15 / max(15, int(rounds))) ** 2))
 
 

@@ -52,14 +52,8 @@ from flnotes.engine.train import client_generator, train_clients_loop
 from flnotes.messages import fallback_warning
 
 
-def supervised_objective(loss_fn: Callable, penalty: Callable | None,
-                         stacked_losses: Callable | None = None) -> Callable:
-    """The objective of every method but FML: loss on the batch + the strategy's penalty.
-
-    ``stacked_losses`` (a task's, see :class:`flnotes.engine.tasks.Task`) computes the same
-    loss for every lane at once; without a penalty the step then needs no vmap
-    (:func:`make_step`).
-    """
+def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callable:
+    """The objective of every method but FML: loss on the batch + the strategy's penalty."""
 
     def objective(forward, params, anchor, xb, yb, mask):
         loss = masked_loss(loss_fn, forward("", xb), yb, mask)
@@ -70,7 +64,6 @@ def supervised_objective(loss_fn: Callable, penalty: Callable | None,
                 total = loss + extra
         return total, loss.detach()[None]
 
-    objective.stacked_losses = stacked_losses if penalty is None else None
     return objective
 
 
@@ -106,9 +99,11 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
                     for s, c in zip(group_starts, clients, strict=True)]
     states, means = train_stacked(
         task, lanes, {"": starts}, config, ("supervised", strategy),
-        lambda: supervised_objective(task.loss_fn, penalty, task.stacked_losses),
+        lambda: supervised_objective(task.loss_fn, penalty),
         anchors=anchors if penalty is not None else None,
-        ascent=strategy.stacked_ascent if strategy.has_local_gradient else None)
+        ascent=strategy.stacked_ascent if strategy.has_local_gradient else None,
+        # the task's losses of a whole stack are the objective only without a penalty
+        stacked_losses=task.stacked_losses if penalty is None else None)
     out, lane = [], 0
     for group_task, _, _, clients, _ in groups:
         out.append([ClientResult(c, states[""][lane + k], group_task.num_samples(c),
@@ -161,6 +156,7 @@ def train_stacked(
     anchors: list[dict] | None = None,
     shrink: bool | None = None,
     ascent: Callable | None = None,
+    stacked_losses: Callable | None = None,
 ) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
     """Train K lanes (clients), each with one model per prefix of ``starts``, in one stack.
 
@@ -176,9 +172,11 @@ def train_stacked(
     ``shrink``: whether finished lanes leave the stack (default: only when not compiling).
     ``ascent``: a strategy's ``stacked_ascent`` (SAM): each step applies the gradient at
     the parameters plus the ascent's offsets (a second pass), from the parameters.
+    ``stacked_losses``: the task's (``Task.stacked_losses``), where it is the objective: the
+    step then takes the lanes' gradients without vmap.
     """
     step, model, ctx = _cached_step(task, config, len(lanes), tuple(starts), key,
-                                    make_objective, ascent)
+                                    make_objective, ascent, stacked_losses)
     # Most samples (so most steps) first: the lanes still training are always a prefix.
     order = sorted(range(len(lanes)), key=lambda i: -len(lanes[i][1]))
     lanes = [lanes[i] for i in order]
@@ -282,9 +280,10 @@ def _unprefixed(name: str, starts: dict) -> str:
 
 
 def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, make_objective,
-                 ascent: Callable | None = None):
+                 ascent: Callable | None = None, stacked_losses: Callable | None = None):
     """The (compiled) step for this task, objective and setting, built on first use (the key
-    holds the strategy, whose ``ascent`` it is)."""
+    holds the strategy, whose ``ascent`` it is; the cache is the task's, whose
+    ``stacked_losses`` it is)."""
     full_key = ("stacked-step", *key, num_clients, prefixes, config.compile, config.lr,
                 config.momentum, config.weight_decay, config.batch_size)
     cache = task.backend_cache
@@ -294,7 +293,7 @@ def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, ma
         model.train()
         step = make_step(model, ctx, make_objective(), prefixes, lr=config.lr,
                          momentum=config.momentum, weight_decay=config.weight_decay,
-                         ascent=ascent)
+                         ascent=ascent, stacked_losses=stacked_losses)
         if config.compile != "off":
             # The first call compiles: 20 s (CNN) to 4 min (LSTM) on a 2-core CPU.
             tqdm.write(f"flnotes: compiling the training step of {num_clients} clients "
@@ -325,6 +324,7 @@ def make_step(
     momentum: float,
     weight_decay: float,
     ascent: Callable | None = None,
+    stacked_losses: Callable | None = None,
 ) -> Callable:
     """A pure function: one SGD step of K stacked clients, with row and client masks.
 
@@ -332,7 +332,9 @@ def make_step(
     the parameters, the offsets e = ascent(params, gradient), and applies the gradient at
     params + e from params (as ``Strategy.local_gradient`` on the loop); the loss reported is
     the first pass's, and BatchNorm's running statistics move once per pass, as the loop's
-    two forward passes move them.
+    two forward passes move them. With ``stacked_losses`` (the objective, computed for the
+    whole stack at once) and a model of one prefix without BatchNorm, the gradients come
+    from one backward pass of the lanes' summed losses instead of vmap.
     """
     bn_modules = {n: m for n, m in model.named_modules() if isinstance(m, StatBatchNorm)}
 
@@ -356,7 +358,6 @@ def make_step(
     grad_fn = grad_and_value(client_loss, has_aux=True)
     per_client_grads = vmap(grad_fn)
     full_batch_grads = vmap(grad_fn, in_dims=(0, 0, 0, 0, 0, None))  # row_mask None
-    stacked_losses = getattr(objective, "stacked_losses", None)
     if bn_modules or prefixes != ("",):
         stacked_losses = None
 
