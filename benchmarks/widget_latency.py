@@ -70,7 +70,7 @@ def clear_caches(explorer) -> None:
         if hasattr(cached, "cache_clear"):
             cached.cache_clear()
     if explorer.scene is not None:
-        explorer.scene._kept.clear()
+        explorer.scene.forget()
 
 
 def redraw_seconds(explorer, name: str, value) -> tuple[float, float, float]:

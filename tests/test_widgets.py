@@ -215,8 +215,11 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
                            {"shift": 0.0}, {"shift": 2.0}, {"shift": 1.0}]),
     ("mutation_explorer", [{"qp_prob": 1.0}, {"layerwise": True}, {"alpha": 2.0},
                            {"kind": "sign"}]),
+    # one figure laid out for every number of clients: to 4 and 1 (new layouts of the kept
+    # panels), back to 2 (a kept layout, shown after others)
     ("client_explorer", [{"shift": 0.5}, {"level": -0.9}, {"num_clients": 3},
-                         {"depth_spread": 0.4}, {"num_clients": 2}]),  # back to a kept one
+                         {"depth_spread": 0.4}, {"num_clients": 2}, {"num_clients": 4},
+                         {"num_clients": 1}, {"num_clients": 2, "level": -1.2}]),
     # FedQP at alpha 8 sends runs off the map: edge triangles and a third title line
     ("race_explorer", [{"alpha": 8.0}, {"rounds": 6}, {"algorithm": "clusamp"},
                        {"seeds": 5}, {"algorithm": "fedqp", "alpha": 2.0}]),
@@ -238,6 +241,27 @@ def test_a_kept_figure_redraws_what_a_fresh_figure_draws(explorer, moves):
         # A few antialiased pixels where a moving artist meets a static one may differ; a
         # missing or misordered artist differs in hundreds.
         assert (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20, move
+
+
+def test_one_clients_figure_laid_out_for_each_number_is_the_figure_built_for_it():
+    """The client explorer keeps one figure with panels for up to 4 clients and lays it out
+    for the number chosen: drawn in full, it must be the figure built for that number (its
+    width, panels, ticks, titles), in any order of moves."""
+    import numpy as np
+
+    shared = plots.ClientsFigure(2, pyplot=False, most=4)
+    for clients in (4, 1, 3, 2):
+        fed = make_federation("fedmut-fig1", num_clients=clients, shift=0.7)
+        shared.layout(clients)
+        kept = np.asarray(_image(widgets.figure_png(shared.set(fed, -0.6))).convert("RGB"),
+                          dtype=int)
+        fresh_figure = plots.ClientsFigure(clients, pyplot=False)
+        fresh = np.asarray(_image(widgets.figure_png(fresh_figure.set(fed, -0.6)))
+                           .convert("RGB"), dtype=int)
+        assert kept.shape == fresh.shape, clients
+        assert (np.abs(kept - fresh).sum(-1) > 30).sum() == 0, clients
+    with pytest.raises(ValueError, match="panels for 1 to 4 clients"):
+        shared.layout(5)
 
 
 def test_mutation_regions_are_the_disc_and_its_projection():

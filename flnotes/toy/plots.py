@@ -85,13 +85,18 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
 def colorbar_slot(fig, width: float = 0.95):
     """An axes for a colour bar in a slot ``width`` inches wide at the figure's right edge
     (the panels' right margin moves in to make room). Call it once the margins are set."""
+    return fig.add_axes(colorbar_place(fig, width))
+
+
+def colorbar_place(fig, width: float = 0.95) -> tuple[float, float, float, float]:
+    """The place (left, bottom, width, height in figure fractions) of :func:`colorbar_slot`'s
+    colour bar, the panels' right margin moved in to make room for it."""
     inch = 1.0 / fig.get_figwidth()
     right = 1.0 - width * inch
     fig.subplots_adjust(right=min(fig.subplotpars.right, right))
     pars = fig.subplotpars
     height = pars.top - pars.bottom
-    return fig.add_axes((right + 0.12 * inch, pars.bottom + 0.1 * height, 0.12 * inch,
-                         0.8 * height))
+    return (right + 0.12 * inch, pars.bottom + 0.1 * height, 0.12 * inch, 0.8 * height)
 
 
 def landscape_colorbar(mappable, cax, label: str = "loss"):
@@ -199,22 +204,30 @@ class ClientsFigure:
     clients' low-loss regions overlap. Built once for a number of clients (frames, ticks,
     labels); :meth:`set` draws a federation's landscapes into it, replacing the last ones,
     and ``moving`` lists what it drew (what an explorer redraws over the kept frames).
+
+    ``most`` (at least ``clients``) builds panels for up to that many clients, of which
+    :meth:`layout` shows any number as a figure built for it would: an explorer then moves
+    to another number of clients without making new axes and their ticks (most of a new
+    six-panel figure's first picture).
     """
 
     # Points per side of each landscape's grid: 81 draws the 3.3-inch panels as smoothly as
     # 121 and makes their contours in two thirds of the time (up to 18 contour sets).
     GRID = 81
+    PANEL, WIDTH, HEIGHT = 3.3, 0.95, 3.4  # inches: a panel, the colour bar's slot, height
+    MARGINS = {"left": 0.05, "right": 0.99, "bottom": 0.13, "top": 0.91, "wspace": 0.3}
 
     def __init__(self, clients: int, xlim=LIMITS[0], ylim=LIMITS[1],
-                 pyplot: bool = True) -> None:
+                 pyplot: bool = True, most: int | None = None) -> None:
         from matplotlib.ticker import FixedLocator
 
         self.clients, self.xlim, self.ylim = max(clients, 1), xlim, ylim
-        n = self.clients + 2
+        self.most = max(self.clients, most or 0)
+        n = self.most + 2
 
-        self.fig, axes = new_figure(1, n, (3.3 * n + 0.95, 3.4), pyplot)
-        self.axes = list(axes[0])
-        for k, ax in enumerate(self.axes):
+        self.fig, axes = new_figure(1, n, (self.PANEL * n + self.WIDTH, self.HEIGHT), pyplot)
+        self.all_axes = list(axes[0])  # every client panel, then the global and overlap
+        for k, ax in enumerate(self.all_axes):
             ax.set_xlim(*xlim)
             ax.set_ylim(*ylim)
             ax.set_aspect("equal")
@@ -228,15 +241,42 @@ class ClientsFigure:
                 ax.set_ylabel("y")
             else:
                 ax.tick_params(labelleft=False)
-            if k < self.clients:
+            if k < self.most:
                 ax.set_title(f"client {k}")
-        self.axes[-2].set_title("global = mean of clients")
+        self.all_axes[-2].set_title("global = mean of clients")
         # Fixed margins, not tight_layout: laying out every tick label cost two thirds of a
         # slider's redraw (benchmarks/widget_latency.py).
-        self.fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.91, wspace=0.3)
+        self.fig.subplots_adjust(**self.MARGINS)
         self.cax = colorbar_slot(self.fig)
         self.drawn: list = []  # what set() drew, removed by the next set()
         self.moving: list = []
+        self.axes = self.all_axes
+        if self.clients < self.most:
+            self.layout(self.clients)
+
+    def layout(self, clients: int) -> None:
+        """Show ``clients`` client panels (at most ``most``), the figure's width and every
+        panel's place as in a figure built for that many; the next :meth:`set` draws them."""
+        from matplotlib.gridspec import GridSpec
+
+        if not 1 <= clients <= self.most:
+            raise ValueError(f"the figure has panels for 1 to {self.most} clients, not "
+                             f"{clients}")
+        self.clients = clients
+        self.axes = [*self.all_axes[:clients], *self.all_axes[-2:]]
+        n = len(self.axes)
+        self.fig.set_size_inches(self.PANEL * n + self.WIDTH, self.HEIGHT)
+        columns = GridSpec(1, n, figure=self.fig)
+        for k, ax in enumerate(self.axes):
+            ax.set_subplotspec(columns[k])
+        for ax in self.all_axes:
+            ax.set_visible(ax in self.axes)
+        self.fig.subplots_adjust(**self.MARGINS)  # places the panels, as __init__ does
+        self.cax.set_position(colorbar_place(self.fig))
+        # Each square panel's box within its place: a full draw finds it, but a redraw of
+        # a kept layout draws only the moving artists, into the boxes as last found.
+        for ax in self.axes:
+            ax.apply_aspect()
 
     def set(self, federation, level: float = -0.5) -> Figure:
         """Draw ``federation`` (its first clients, as many as the panels) and the overlap of
@@ -250,9 +290,11 @@ class ClientsFigure:
             raise ValueError(f"the figure has {self.clients} client panels; the federation "
                              f"has {federation.num_clients} clients")
         xlim, ylim = self.xlim, self.ylim
-        shown = federation.clients[:self.clients]
-        drawn = [*shown, federation.global_loss]
-        values = [grid(fn, xlim, ylim, self.GRID) for fn in drawn]
+        # Every client's loss on the grid in one call; the global loss is their mean.
+        gx, gy, every = grid(federation.client_losses, xlim, ylim, self.GRID)  # (.., C)
+        shown = [every[..., k] for k in range(self.clients)]
+        values = [(gx, gy, z) for z in [*shown, every.mean(-1)]]
+        drawn = [*federation.clients[:self.clients], federation.global_loss]
         # One colour scale for every client and the mean, so that a colour is the same loss
         # in each panel.
         levels = common_levels([z for _, _, z in values])
@@ -267,7 +309,6 @@ class ClientsFigure:
                     framealpha=0.6)
         colors = plt.get_cmap("tab10").colors
         ax = self.axes[-1]
-        gx, gy, every = grid(federation.client_losses, xlim, ylim, self.GRID)  # (.., C)
         for k in range(federation.num_clients):
             z = every[..., k]
             ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=[z.min().item() - 1, level],

@@ -415,6 +415,10 @@ class Scene:
     def relayer(self, drawing, values: dict) -> None:  # pragma: no cover - layered scenes
         raise NotImplementedError
 
+    def forget(self) -> None:
+        """Drop every kept figure (the next picture builds its figure anew)."""
+        self._kept.clear()
+
     def figure(self, **values) -> Figure:
         """A new, fully drawn figure for ``values`` (the static picture a cell shows)."""
         drawing = self.build(values, pyplot=True)
@@ -677,19 +681,41 @@ def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float 
 
 class ClientsScene(Scene):
     """FedMut Fig. 1 for the chosen clients: the frames are drawn once per number of
-    clients; a move redraws the landscapes, basins and overlap into them."""
+    clients; a move redraws the landscapes, basins and overlap into them.
+
+    ``most_clients`` (the slider's end): the explorer's figures, one per number of
+    clients, are a single figure with panels for that many, laid out for each (a first
+    visit to 4 clients then makes no axes, only renders their frames once).
+    """
+
+    def __init__(self, most_clients: int | None = None) -> None:
+        super().__init__()
+        self.most_clients = most_clients
+        self._panels = None  # the figure every number of clients up to most_clients shares
 
     def key(self, values: dict):
         return int(values["num_clients"])
 
     def build(self, values: dict, pyplot: bool):
-        return plots.ClientsFigure(int(values["num_clients"]), pyplot=pyplot)
+        clients = int(values["num_clients"])
+        if pyplot or self.most_clients is None or clients > self.most_clients:
+            return plots.ClientsFigure(clients, pyplot=pyplot)
+        if self._panels is None:
+            self._panels = plots.ClientsFigure(clients, pyplot=False, most=self.most_clients)
+        return self._panels
 
     def update(self, drawing, values: dict) -> None:
-        fed = make_federation("fedmut-fig1", num_clients=int(values["num_clients"]),
+        clients = int(values["num_clients"])
+        if drawing.clients != clients:  # the shared figure, last shown for another number
+            drawing.layout(clients)
+        fed = make_federation("fedmut-fig1", num_clients=clients,
                               shift=float(values["shift"]),
                               depth_spread=float(values["depth_spread"]))
         drawing.set(fed, level=float(values["level"]))
+
+    def forget(self) -> None:
+        super().forget()
+        self._panels = None
 
 
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
@@ -715,7 +741,7 @@ def client_explorer(**defaults) -> Explorer:
                              "move away from"}
         return {}
 
-    scene = ClientsScene()
+    scene = ClientsScene(most_clients=controls["num_clients"].max)
     return Explorer(scene.figure, controls, "Client landscapes and their overlap", idle=idle,
                     scene=scene)
 
