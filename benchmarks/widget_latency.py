@@ -83,6 +83,10 @@ def redraw_seconds(explorer, name: str, value) -> tuple[float, float, float]:
     move's seconds are both pictures', the first picture's its own.
     """
     clear_caches(explorer)
+    # The figures clear_caches dropped are cyclic garbage that an explorer in use never
+    # makes (it keeps its few figures): a full collection of them took 0.2 s, and it would
+    # land in whichever move came next. Collected here, before the default is drawn.
+    gc.collect()
     explorer.png()
     values = {**explorer.values(), name: value}
     first = explorer.preview(values) if explorer.preview is not None else None
