@@ -78,13 +78,14 @@ def redraw_seconds(explorer, name: str, value) -> tuple[float, float, float]:
     ``value``, PNG rendering included.
 
     As a student meets it: the explorer has drawn its defaults (what the defaults computed is
-    kept), and the new value has never been drawn before. An explorer with a preview (the
+    kept; ``explorer.png()`` builds the kept figure, as displaying the explorer does), and
+    the new value has never been drawn before. An explorer with a preview (the
     race: its first seeds) shows a quick picture first, as a move in the notebook does: the
     move's seconds are both pictures', the first picture's its own.
     """
     clear_caches(explorer)
-    # The figures clear_caches dropped are cyclic garbage that an explorer in use never
-    # makes (it keeps its few figures): a full collection of them took 0.2 s, and it would
+    # The figures clear_caches dropped are cyclic garbage that an explorer in use rarely
+    # makes (it keeps up to four figures): a full collection of them took 0.2 s, and it would
     # land in whichever move came next. Collected here, before the default is drawn.
     gc.collect()
     explorer.png()

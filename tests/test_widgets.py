@@ -90,6 +90,38 @@ def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
     assert _pixels(updates[0].data) == _pixels(explorer.png()) != _pixels(shown[0].data)
 
 
+@pytest.mark.parametrize("name, move", [("client_explorer", {"shift": 0.5}),
+                                        ("training_explorer", {"lr": 0.12}),
+                                        ("mutation_explorer", {"qp_prob": 0.7})])
+def test_a_displayed_explorer_has_built_its_figure_before_the_first_move(monkeypatch, name,
+                                                                        move):
+    """Displaying an explorer builds its scene's kept figure (and the client explorer's
+    frames of every number of clients): the student's first move only redraws, as every
+    later move does, and shows what a fresh figure shows."""
+    import numpy as np
+
+    monkeypatch.setattr("IPython.display.display",
+                        lambda obj, display_id=False, raw=False: None)
+    ex = getattr(widgets, name)(**FAST[name])
+    ex._ipython_display_()
+    built = []
+    original = ex.scene.build
+    monkeypatch.setattr(ex.scene, "build", lambda *a, **k: built.append(a) or original(*a, **k))
+    renders = []
+    rendered = ex.scene._render_background
+    monkeypatch.setattr(ex.scene, "_render_background",
+                        lambda *a: renders.append(a) or rendered(*a))
+    ex.set(**move)
+    if name == "client_explorer":
+        ex.set(num_clients=4)  # another number of clients: its frames were rendered too
+    assert built == [] and renders == []
+    kept = np.asarray(_image(ex.last_png).convert("RGB"), dtype=int)
+    fig = ex.figure()
+    fresh = np.asarray(_image(widgets.figure_png(fig)).convert("RGB"), dtype=int)
+    plt.close(fig)
+    assert kept.shape == fresh.shape and (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20
+
+
 def test_mutation_drawing_depends_on_p():
     calls = []
     original = toy.mutation_points

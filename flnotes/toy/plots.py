@@ -278,6 +278,12 @@ class ClientsFigure:
         for ax in self.axes:
             ax.apply_aspect()
 
+    def not_frames(self) -> list:
+        """Every artist :meth:`set` draws or redraws, in any layout (what ``moving`` lists
+        for it): a rendering of the frames alone, for another layout too, leaves these out."""
+        spines = [spine for ax in self.all_axes for spine in ax.spines.values()]
+        return [*self.drawn, *spines, self.all_axes[-1].title, self.cax]
+
     def set(self, federation, level: float = -0.5) -> Figure:
         """Draw ``federation`` (its first clients, as many as the panels) and the overlap of
         every client's region where its loss is below ``level``."""
