@@ -108,9 +108,9 @@ def test_a_displayed_explorer_has_built_its_figure_before_the_first_move(monkeyp
     original = ex.scene.build
     monkeypatch.setattr(ex.scene, "build", lambda *a, **k: built.append(a) or original(*a, **k))
     renders = []
-    rendered = ex.scene._render_background
-    monkeypatch.setattr(ex.scene, "_render_background",
-                        lambda *a: renders.append(a) or rendered(*a))
+    rendered = widgets.Scene._render_background  # a static method, called through the class
+    monkeypatch.setattr(widgets.Scene, "_render_background",
+                        staticmethod(lambda *a: renders.append(a) or rendered(*a)))
     ex.set(**move)
     if name == "client_explorer":
         ex.set(num_clients=4)  # another number of clients: its frames were rendered too
@@ -120,6 +120,41 @@ def test_a_displayed_explorer_has_built_its_figure_before_the_first_move(monkeyp
     fresh = np.asarray(_image(widgets.figure_png(fig)).convert("RGB"), dtype=int)
     plt.close(fig)
     assert kept.shape == fresh.shape and (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20
+
+
+@pytest.mark.parametrize("where", ["landscape", "frames"])
+def test_a_move_stopped_midway_leaves_the_client_explorer_drawing_right(monkeypatch, where):
+    """Ctrl-C (or an error) inside a redraw of the client explorer's one shared figure, while
+    it draws the landscapes or renders frames: the next moves still show what a fresh
+    figure shows, for this number of clients and others."""
+    import numpy as np
+
+    ex = widgets.client_explorer()
+    ex.png()
+    with monkeypatch.context() as m:
+        if where == "landscape":  # after set() removed the last landscapes
+            def stop(*args, **kwargs):
+                raise KeyboardInterrupt
+
+            m.setattr(plots, "draw_landscape", stop)
+        else:  # while the frames of a new layout are rendered, moving artists hidden
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+            def stop(canvas):
+                raise KeyboardInterrupt
+
+            ex.scene.forget()
+            m.setattr(FigureCanvasAgg, "draw", stop)
+        with pytest.raises(KeyboardInterrupt):
+            ex.scene.png({**ex.values(), "num_clients": 4})
+    for move in ({"num_clients": 4}, {"num_clients": 2, "level": -0.8}, {"num_clients": 3}):
+        ex.set(**move)
+        kept = np.asarray(_image(ex.last_png).convert("RGB"), dtype=int)
+        fig = ex.figure()
+        fresh = np.asarray(_image(widgets.figure_png(fig)).convert("RGB"), dtype=int)
+        plt.close(fig)
+        assert kept.shape == fresh.shape, move
+        assert (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20, move
 
 
 def test_mutation_drawing_depends_on_p():

@@ -291,6 +291,7 @@ class ClientsFigure:
 
         for artist in self.drawn:  # the last federation's
             artist.remove()
+        self.drawn = []  # gone, even if this set() stops before it lists the new ones
         self.cax.clear()
         if federation.num_clients < self.clients:
             raise ValueError(f"the figure has {self.clients} client panels; the federation "
@@ -465,6 +466,7 @@ class TrajectoryFigure:
 
         for artist in self.landscape:  # the last landscape's
             artist.remove()
+        self.landscape = []  # gone, even if the drawing below stops
         before = {ax: set(ax.get_children()) for ax in self.axes}
         values = grid(fn, self.xlim, self.ylim, 121)  # one landscape for every panel
         for ax in self.axes:

@@ -497,15 +497,16 @@ class Scene:
         shown = [artist.get_visible() for artist in hidden]
         placed = [(artist, artist.get_position()) for artist in hidden
                   if isinstance(artist, Text)]
-        for artist in hidden:
-            artist.set_visible(False)
-        drawing.fig.canvas.draw()
-        background = drawing.fig.canvas.copy_from_bbox(drawing.fig.bbox)
-        for artist, visible in zip(hidden, shown, strict=True):
-            artist.set_visible(visible)
-        for artist, position in placed:
-            artist.set_position(position)
-        return background
+        try:
+            for artist in hidden:
+                artist.set_visible(False)
+            drawing.fig.canvas.draw()
+            return drawing.fig.canvas.copy_from_bbox(drawing.fig.bbox)
+        finally:  # an interrupted render too: a kept figure must not lose its artists
+            for artist, visible in zip(hidden, shown, strict=True):
+                artist.set_visible(visible)
+            for artist, position in placed:
+                artist.set_position(position)
 
 
 class _Kept:
@@ -723,19 +724,28 @@ class ClientsScene(Scene):
         frames of every other number of clients are rendered too (0.05 s each), so that a
         student's first move to one draws only the landscapes, as later moves do."""
         built = self._panels is None
-        out = super().png(values)
-        if built and self._panels is not None:
-            self._render_layouts(self._panels)
+        try:
+            out = super().png(values)
+            if built and self._panels is not None:
+                self._render_layouts(self._panels, self.key(values))
+        except BaseException:
+            # Stopped midway (an error, Ctrl-C), the shared figure may be half drawn: the
+            # next picture builds a new one (a scene's own figures are dropped likewise).
+            self.forget()
+            raise
         return out
 
-    def _render_layouts(self, drawing) -> None:
-        for clients in range(1, min(self.most_clients, self.KEPT) + 1):
-            if clients in self._kept:
+    def _render_layouts(self, drawing, shown) -> None:
+        """The frames of every other number of clients the kept figures have room for,
+        ``shown`` (the number just drawn) kept the newest."""
+        for clients in range(1, self.most_clients + 1):
+            if clients in self._kept or len(self._kept) >= self.KEPT:
                 continue
             drawing.layout(clients)  # the next update lays it out for its own values
             kept = _Kept(drawing, None)
             kept.backgrounds[None] = self._render_background(drawing, drawing.not_frames())
             self._kept[clients] = kept
+        self._kept[shown] = self._kept.pop(shown)
 
     def forget(self) -> None:
         super().forget()
