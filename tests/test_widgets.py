@@ -122,17 +122,28 @@ def test_a_displayed_explorer_has_built_its_figure_before_the_first_move(monkeyp
     assert kept.shape == fresh.shape and (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20
 
 
+STOPPED_MOVES = {  # a move to a new figure layout, then moves to it, back, and elsewhere
+    "client_explorer": [{"num_clients": 4}, {"num_clients": 2, "level": -0.8},
+                        {"num_clients": 3}],
+    "mutation_explorer": [{"alpha": 8.0}, {"alpha": 4.0, "qp_prob": 0.8},
+                          {"alpha": 8.0, "kind": "sign"}],
+}
+
+
+@pytest.mark.parametrize("name", STOPPED_MOVES)
 @pytest.mark.parametrize("where", ["landscape", "frames"])
-def test_a_move_stopped_midway_leaves_the_client_explorer_drawing_right(monkeypatch, where):
-    """Ctrl-C (or an error) inside a redraw of the client explorer's one shared figure, while
-    it draws the landscapes or renders frames: the next moves still show what a fresh
-    figure shows, for this number of clients and others."""
+def test_a_move_stopped_midway_leaves_a_shared_figure_drawing_right(monkeypatch, name, where):
+    """Ctrl-C (or an error) inside a redraw of an explorer's one shared figure (the client
+    explorer's for every number of clients, the mutation explorer's for every window), while
+    it draws a landscape or renders frames: the next moves still show what a fresh figure
+    shows."""
     import numpy as np
 
-    ex = widgets.client_explorer()
+    ex = getattr(widgets, name)(**FAST[name])
     ex.png()
+    moves = STOPPED_MOVES[name]
     with monkeypatch.context() as m:
-        if where == "landscape":  # after set() removed the last landscapes
+        if where == "landscape":  # after the last landscapes were removed
             def stop(*args, **kwargs):
                 raise KeyboardInterrupt
 
@@ -143,11 +154,11 @@ def test_a_move_stopped_midway_leaves_the_client_explorer_drawing_right(monkeypa
             def stop(canvas):
                 raise KeyboardInterrupt
 
-            ex.scene.forget()
+            ex.scene.forget()  # (the client explorer rendered every layout's frames)
             m.setattr(FigureCanvasAgg, "draw", stop)
         with pytest.raises(KeyboardInterrupt):
-            ex.scene.png({**ex.values(), "num_clients": 4})
-    for move in ({"num_clients": 4}, {"num_clients": 2, "level": -0.8}, {"num_clients": 3}):
+            ex.scene.png({**ex.values(), **moves[0]})
+    for move in moves:
         ex.set(**move)
         kept = np.asarray(_image(ex.last_png).convert("RGB"), dtype=int)
         fig = ex.figure()
@@ -280,8 +291,10 @@ def test_the_race_gives_alpha_to_mutation_methods_only(monkeypatch):
     ("training_explorer", [{"rounds": 3}, {"algorithm": "fedqp"}, {"shift": 0.5},
                            {"algorithm": "fedavg"}, {"shift": 1.0, "algorithm": "fedmr"},
                            {"shift": 0.0}, {"shift": 2.0}, {"shift": 1.0}]),
+    # alpha 8 widens the window of the one kept figure, 4 narrows it back (a kept window)
     ("mutation_explorer", [{"qp_prob": 1.0}, {"layerwise": True}, {"alpha": 2.0},
-                           {"kind": "sign"}]),
+                           {"kind": "sign"}, {"alpha": 8.0}, {"kind": "gaussian"},
+                           {"alpha": 4.0}, {"alpha": 8.0, "qp_prob": 0.3}]),
     # one figure laid out for every number of clients: to 4 and 1 (new layouts of the kept
     # panels), back to 2 (a kept layout, shown after others)
     ("client_explorer", [{"shift": 0.5}, {"level": -0.9}, {"num_clients": 3},

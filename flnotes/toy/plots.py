@@ -530,7 +530,9 @@ REGION_STYLES = {  # the regions a mutation can reach (FedQP Fig. 1 shades them)
 class MutantsFigure:
     """Mutation regions: per panel the global model, its update g (arrow) and the mutants
     around it, optionally over the shaded regions they can reach. :meth:`set` draws new
-    mutants in the same panels; ``moving`` lists the artists it changes.
+    mutants in the same panels; ``moving`` lists the artists it changes. :meth:`set_window`
+    frames another square around the global model (its landscape drawn anew), as a figure
+    built with that ``half_width`` would.
     """
 
     def __init__(self, fn, center, panels: int, half_width: float = 1.0,
@@ -538,13 +540,11 @@ class MutantsFigure:
         from matplotlib.patches import Polygon
 
         cx, cy = float(center[0]), float(center[1])
-        self.center = (cx, cy)
-        xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
+        self.center, self.fn = (cx, cy), fn
         self.fig, axes = new_figure(1, panels, (3.6 * panels + 0.95, 4.3), pyplot)
         self.axes = list(axes[0])
         self.parts = []
         for ax in self.axes:
-            draw_landscape(ax, fn, xlim, ylim, num=81)
             regions = {name: ax.add_patch(Polygon([(cx, cy)], closed=True, zorder=2,
                                                   visible=False, **style))
                        for name, style in REGION_STYLES.items()}
@@ -561,13 +561,42 @@ class MutantsFigure:
         # goes below the panels, where it covers no mutant.
         self.fig.subplots_adjust(left=0.1 / panels + 0.04, right=0.98, top=0.92, bottom=0.27,
                                  wspace=0.3)
-        shared_colorbar(self.fig, self.axes, label="global loss")
+        self.cax = colorbar_slot(self.fig)
+        self.landscape: list = []  # what set_window drew, removed by the next one
+        self.half_width = None
+        self.set_window(half_width)
         # The dot does not move, but it is drawn over what does (zorder 4).
         self.moving = [a for part in self.parts
                        for a in (*part["regions"].values(), part["cloud"], part["mutants"],
                                  part["arrow"], part["dot"])]
         self.moving += [ax.title for ax in self.axes]
         self.legend = None
+
+    def set_window(self, half_width: float) -> None:
+        """Frame the square of half width ``half_width`` around the global model: its
+        landscape and colour bar drawn in place of the last ones."""
+        from matplotlib.contour import ContourSet
+
+        for artist in self.landscape:  # the last window's
+            artist.remove()
+        self.landscape, self.half_width = [], None  # none drawn, if the drawing below stops
+        self.cax.clear()
+        cx, cy = self.center
+        xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
+        before = {ax: set(ax.get_children()) for ax in self.axes}
+        for ax in self.axes:
+            draw_landscape(ax, self.fn, xlim, ylim, num=81)
+        self.landscape = [a for ax in self.axes for a in ax.get_children()
+                          if a not in before[ax]]
+        for artist in self.landscape:
+            if isinstance(artist, ContourSet) and not artist.filled:
+                # Under the shaded regions (zorder 2, which contour lines share), whichever
+                # window was drawn first.
+                artist.set_zorder(1.5)
+        mappable = next(c for c in self.axes[0].collections
+                        if isinstance(c, ContourSet) and c.filled)
+        landscape_colorbar(mappable, self.cax, label="global loss")
+        self.half_width = half_width
 
     def set(self, update, panels: Mapping[str, object],
             clouds: Mapping[str, object] | None = None, arrow_scale: float = 1.0,
