@@ -122,6 +122,30 @@ def test_the_hash_covers_what_the_run_reads():
         RunConfig(algorithm="moon"))
 
 
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_the_methods_own_settings_read_as_plain_attributes(monkeypatch, algorithm):
+    """The chosen method's settings (given, else their defaults) are plain attributes: a
+    training step that reads one (FedProx's mu) under torch.compile met RunConfig's registry
+    lookups (lru_cache'd functions, one Dynamo warning each). Other methods' settings a base
+    config carries still read through __getattr__, with the same values as before."""
+    settings = settings_of(algorithm)
+    given = {"mu": 0.25, **{name: s.default for name, s in list(settings.items())[:1]}}
+    base = RunConfig(**given)  # no algorithm: may carry several methods' settings
+    config = base.replace(algorithm=algorithm)
+    expected = {name: getattr(config, name) for name in settings}  # through either path
+    assert expected == config.settings_read()
+    monkeypatch.setattr(RunConfig, "__getattr__", _no_lookup)
+    for name in settings:
+        assert getattr(config, name) == expected[name]
+    if "mu" not in settings:  # carried for another method: still found by a lookup
+        monkeypatch.undo()
+        assert config.mu == given["mu"]
+
+
+def _no_lookup(self, name):
+    raise AssertionError(f"config.{name} looked up through __getattr__")
+
+
 def test_fedups_weight_has_its_own_name():
     config = RunConfig(algorithm="fedup", fedup_alpha=0.2)
     assert config.fedup_alpha == 0.2 and "alpha" not in config.to_dict()

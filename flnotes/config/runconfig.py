@@ -335,6 +335,13 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
                                    "or choose that algorithm")
     if problems:
         raise ValueError(problems[0])
+    if known_algorithm:
+        # The chosen method's settings as plain attributes (given, else its default), as
+        # __getattr__ would give them: read without its registry lookups, which
+        # torch.compile traced into a training step that reads one (FedProx's mu), with a
+        # warning for each cached function it met.
+        for name, setting in read.items():
+            object.__setattr__(config, name, settings.get(name, setting.default))
 
 
 def _problems(c: RunConfig):
