@@ -168,6 +168,34 @@ def test_a_move_stopped_midway_leaves_a_shared_figure_drawing_right(monkeypatch,
         assert (np.abs(kept - fresh).sum(-1) > 30).sum() <= 20, move
 
 
+@pytest.mark.parametrize("name, moves", [
+    ("client_explorer", [{"level": -0.4}, {"level": -0.9}, {"num_clients": 3},
+                         {"shift": 0.4}]),
+    ("mutation_explorer", [{"alpha": 8.0}, {"alpha": 4.0}, {"alpha": 8.0, "beta": 0.5}]),
+    ("training_explorer", [{"shift": 0.5}, {"shift": 1.5}]),
+])
+def test_an_explorer_in_use_keeps_one_colour_bar_per_figure(name, moves):
+    """A kept figure that draws new landscapes moves its one colour bar to their levels: a
+    new bar in a cleared colour-bar axes kept every earlier bar and its contours alive (the
+    axes' locator chained them), so memory grew with every move."""
+    import gc
+
+    from matplotlib.colorbar import Colorbar
+
+    def bars() -> int:
+        gc.collect()
+        return sum(isinstance(o, Colorbar) for o in gc.get_objects())
+
+    ex = getattr(widgets, name)(**FAST[name])
+    for move in moves:  # every layout and window of these moves seen once
+        ex.set(**move)
+    seen = bars()
+    for _ in range(4):
+        for move in moves:
+            ex.set(**move)
+    assert bars() == seen
+
+
 def test_mutation_drawing_depends_on_p():
     calls = []
     original = toy.mutation_points

@@ -99,11 +99,22 @@ def colorbar_place(fig, width: float = 0.95) -> tuple[float, float, float, float
     return (right + 0.12 * inch, pars.bottom + 0.1 * height, 0.12 * inch, 0.8 * height)
 
 
-def landscape_colorbar(mappable, cax, label: str = "loss"):
-    """The colour bar of a landscape's filled contours, with round ticks (not its levels)."""
+def landscape_colorbar(mappable, cax, label: str = "loss", bar=None):
+    """The colour bar of a landscape's filled contours, with round ticks (not its levels).
+
+    ``bar``: a colour bar already in ``cax``, moved to ``mappable``'s levels and returned
+    (a figure that draws new landscapes keeps one bar: a new bar in a cleared ``cax`` kept
+    every earlier bar and its contours alive through the axes' locator, and made the
+    figure's draws walk a chain of them).
+    """
     from matplotlib.ticker import MaxNLocator
 
-    bar = cax.figure.colorbar(mappable, cax=cax, label=label)
+    if bar is None:
+        bar = cax.figure.colorbar(mappable, cax=cax, label=label)
+    else:
+        # What a new bar takes from a ContourSet (update_normal keeps the old ones).
+        bar.boundaries, bar.values = mappable.levels, mappable.cvalues
+        bar.update_normal(mappable)  # resets the locator: set below
     bar.ax.yaxis.set_major_locator(MaxNLocator(5))
     return bar
 
@@ -248,6 +259,7 @@ class ClientsFigure:
         # slider's redraw (benchmarks/widget_latency.py).
         self.fig.subplots_adjust(**self.MARGINS)
         self.cax = colorbar_slot(self.fig)
+        self.colorbar = None  # made by the first set(), moved to each later one's levels
         self.drawn: list = []  # what set() drew, removed by the next set()
         self.moving: list = []
         self.axes = self.all_axes
@@ -292,7 +304,6 @@ class ClientsFigure:
         for artist in self.drawn:  # the last federation's
             artist.remove()
         self.drawn = []  # gone, even if this set() stops before it lists the new ones
-        self.cax.clear()
         if federation.num_clients < self.clients:
             raise ValueError(f"the figure has {self.clients} client panels; the federation "
                              f"has {federation.num_clients} clients")
@@ -329,8 +340,9 @@ class ClientsFigure:
         # The frames go over the new contours, as in a full draw.
         spines = [spine for ax in self.axes for spine in ax.spines.values()]
         self.moving = [*self.drawn, *spines, self.axes[-1].title, self.cax]
-        landscape_colorbar(self.axes[0].collections[0], self.cax,
-                           label="loss (clients and global)")
+        self.colorbar = landscape_colorbar(self.axes[0].collections[0], self.cax,
+                                           label="loss (clients and global)",
+                                           bar=self.colorbar)
         return self.fig
 
 
@@ -478,18 +490,11 @@ class TrajectoryFigure:
 
     def _draw_colorbar(self) -> None:
         from matplotlib.contour import ContourSet
-        from matplotlib.ticker import MaxNLocator
 
         mappable = next(c for c in self.axes[0].collections
                         if isinstance(c, ContourSet) and c.filled)
-        if self.colorbar is None:
-            self.colorbar = landscape_colorbar(mappable, self.cax)
-        else:  # the same bar at the new levels: its ticks are kept, not made anew
-            bar = self.colorbar
-            # What a new bar takes from a ContourSet (update_normal keeps the old ones).
-            bar.boundaries, bar.values = mappable.levels, mappable.cvalues
-            bar.update_normal(mappable)  # resets the locator: set it again
-            bar.ax.yaxis.set_major_locator(MaxNLocator(5))
+        # the same bar at the new levels: its ticks are kept, not made anew
+        self.colorbar = landscape_colorbar(mappable, self.cax, bar=self.colorbar)
         # The frames go over the contours, as in a full draw.
         spines = [spine for ax in self.axes for spine in ax.spines.values()]
         self.layered = [*self.landscape, *spines, self.cax]
@@ -562,8 +567,9 @@ class MutantsFigure:
         self.fig.subplots_adjust(left=0.1 / panels + 0.04, right=0.98, top=0.92, bottom=0.27,
                                  wspace=0.3)
         self.cax = colorbar_slot(self.fig)
+        self.colorbar = None
         self.landscape: list = []  # what set_window drew, removed by the next one
-        self.half_width = None
+        self.half_width = self.landscape_width = None
         self.set_window(half_width)
         # The dot does not move, but it is drawn over what does (zorder 4).
         self.moving = [a for part in self.parts
@@ -572,17 +578,24 @@ class MutantsFigure:
         self.moving += [ax.title for ax in self.axes]
         self.legend = None
 
-    def set_window(self, half_width: float) -> None:
-        """Frame the square of half width ``half_width`` around the global model: its
-        landscape and colour bar drawn in place of the last ones."""
+    def set_window(self, half_width: float, landscape: bool = True) -> None:
+        """Frame the square of half width ``half_width`` around the global model, its
+        landscape and colour bar drawn in place of the last ones; ``landscape=False`` moves
+        the frame only (what the moving artists need when the figure's rendering of that
+        window is kept), the landscape staying that of ``landscape_width``."""
         from matplotlib.contour import ContourSet
 
-        for artist in self.landscape:  # the last window's
-            artist.remove()
-        self.landscape, self.half_width = [], None  # none drawn, if the drawing below stops
-        self.cax.clear()
         cx, cy = self.center
         xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
+        self.half_width = half_width
+        if not landscape:
+            for ax in self.axes:
+                ax.set_xlim(*xlim)
+                ax.set_ylim(*ylim)
+            return
+        for artist in self.landscape:  # the last window's
+            artist.remove()
+        self.landscape, self.landscape_width = [], None  # none, if the drawing below stops
         before = {ax: set(ax.get_children()) for ax in self.axes}
         for ax in self.axes:
             draw_landscape(ax, self.fn, xlim, ylim, num=81)
@@ -595,8 +608,9 @@ class MutantsFigure:
                 artist.set_zorder(1.5)
         mappable = next(c for c in self.axes[0].collections
                         if isinstance(c, ContourSet) and c.filled)
-        landscape_colorbar(mappable, self.cax, label="global loss")
-        self.half_width = half_width
+        self.colorbar = landscape_colorbar(mappable, self.cax, label="global loss",
+                                           bar=self.colorbar)
+        self.landscape_width = half_width
 
     def set(self, update, panels: Mapping[str, object],
             clouds: Mapping[str, object] | None = None, arrow_scale: float = 1.0,

@@ -616,8 +616,16 @@ class MutationScene(Scene):
     def update(self, drawing, values: dict) -> None:
         half = self.half(values)
         if drawing.half_width != half:  # the shared figure, last framing another window
-            drawing.set_window(half)
+            # The frame only: its landscape is drawn when a rendering of it is needed
+            # (_render_layer), not when a kept one is restored.
+            drawing.set_window(half, landscape=False)
         drawing.set(self.update_, *self.panels(values))
+
+    def _render_layer(self, kept):
+        drawing = kept.drawing
+        if drawing.landscape_width != drawing.half_width:
+            drawing.set_window(drawing.half_width)
+        return super()._render_layer(kept)
 
     def png(self, values: dict) -> bytes:
         """The scene's PNG (:meth:`Scene.png`); a move stopped midway drops the shared
