@@ -152,6 +152,10 @@ def test_fedups_weight_has_its_own_name():
     with pytest.raises(ValueError, match="now called fedup_alpha") as err:
         RunConfig(algorithm="fedup", alpha=0.2)
     assert "\n" not in str(err.value)
+    # A base config for several methods may carry FedMut's alpha: FedUp ignores it.
+    carried = RunConfig(alpha=3.0).replace(algorithm="fedup")
+    assert carried.fedup_alpha == settings_of("fedup")["fedup_alpha"].default
+    assert carried.replace(algorithm="fedmut").alpha == 3.0
 
 
 @pytest.mark.parametrize("algorithm", ["mimelite", "stem"])

@@ -323,7 +323,9 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
         for name in settings:
             if name in read:
                 continue
-            if name in renamed and (strict or name not in readers(name)):
+            # An old name another method still reads (FedMut's alpha) is that method's, in a
+            # base config; given with this algorithm named, or read by none, it is this one's.
+            if name in renamed and (strict or not readers(name)):
                 problems.insert(0, f"RunConfig.{name}={settings[name]!r} is invalid for "
                                    f"{config.algorithm}: its setting is now called "
                                    f"{renamed[name]} (--{renamed[name].replace('_', '-')})")
