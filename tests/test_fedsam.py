@@ -293,18 +293,14 @@ def test_swa_settings_that_do_nothing_are_said_before_the_run(capsys):
     assert "swa is off" in out.out + out.err
 
 
-def test_seeds_at_different_rates_each_train_at_their_own(tmp_path, monkeypatch):
+def test_seeds_at_different_rates_each_train_at_their_own(tmp_path):
     """Seeds stacked in one round whose rates differ (seeds 1 and 2 resumed keep the SWA
     start their 4-round runs fixed, 3 starts afresh with its own) each train at their own
-    rate: the stack splits by rate. SWA's clients train on the loop (FedSAM.stacked_ascent
-    is None with SWA); here the stacked ascent is forced on to reach the split."""
+    rate: the stack splits by rate."""
     import warnings
 
-    from flnotes.algorithms.fedsam import stacked_ascent_offsets
     from flnotes.engine.seeds import run_seeds
 
-    monkeypatch.setattr(FedSAM, "stacked_ascent", property(
-        lambda self: lambda p, g: stacked_ascent_offsets(p, g, self.rho, False, 0.0)))
     config = RunConfig(dataset="synthetic", model="mlp", num_clients=6, clients_per_round=3,
                        rounds=4, batch_size=32, lr=0.05, momentum=0.5, seed=1,
                        algorithm="fedsam", swa=True, swa_cycle=2, swa_lr=1e-3,
@@ -321,12 +317,34 @@ def test_seeds_at_different_rates_each_train_at_their_own(tmp_path, monkeypatch)
         [r["train_loss"] for r in alone.rows], rel=1e-4)
 
 
-def test_swa_trains_on_the_loop_and_plain_fedsam_in_the_stack():
-    """SWA changes the rate every round of a cycle (a compiled step per rate): its clients
-    train on the loop; without SWA the stack trains them (rho and eta fixed as numbers)."""
+def test_swa_trains_in_the_stack_eagerly_and_on_the_loop_compiled():
+    """SWA changes the rate every round of a cycle, a step per rate: eagerly a closure, so
+    the stack trains SWA's clients; compiled, one compilation per rate, so they train on
+    the loop. Without SWA the stack trains them either way (rho and eta as numbers)."""
     from flnotes.engine.batched.stacked import trains_in_stack
 
-    plain = FedSAM(swa_config(swa=False, sam_rho=0.05), {"w": torch.zeros(2)})
-    assert trains_in_stack(plain) and plain.stacked_ascent is not None
-    swa = FedSAM(swa_config(sam_rho=0.05), {"w": torch.zeros(2)})
-    assert not trains_in_stack(swa)
+    for compile_mode in ("off", "default"):
+        plain = FedSAM(swa_config(swa=False, sam_rho=0.05, backend="vmap",
+                                  compile=compile_mode), {"w": torch.zeros(2)})
+        assert trains_in_stack(plain) and plain.stacked_ascent is not None
+    eager = FedSAM(swa_config(sam_rho=0.05, backend="vmap"), {"w": torch.zeros(2)})
+    assert trains_in_stack(eager)
+    compiled = FedSAM(swa_config(sam_rho=0.05, backend="vmap", compile="default"),
+                      {"w": torch.zeros(2)})
+    assert not trains_in_stack(compiled)
+
+
+def test_swa_runs_in_the_stack_as_on_the_loop(tiny_config):
+    """FedSAM + SWA on the vmap backend, no fall-back note: the loop's rows and final model
+    (rates cycling through the SWA phase, the reported SWA mean) to float32 tolerance."""
+    config = tiny_config.replace(algorithm="fedsam", sam_rho=0.05, swa=True, swa_start=2,
+                                 swa_cycle=2, swa_lr=1e-3, rounds=5)
+    loop = run(config.replace(backend="loop"), progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vmapped = run(config.replace(backend="vmap"), progress=False)
+    assert not [w for w in caught if "loop backend" in str(w.message)]
+    assert states_allclose(loop.final_state, vmapped.final_state, rtol=1e-3, atol=1e-4)
+    for a, b in zip(loop.rows, vmapped.rows, strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["swa_models"] == a["swa_models"]

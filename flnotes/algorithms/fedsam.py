@@ -206,10 +206,11 @@ class FedSAM(Strategy):
     @property
     def stacked_ascent(self):
         """e for a stack of clients (the vmap backend's two-pass step), its rho and eta
-        fixed as numbers (a compiled step does not trace the config). None with SWA: its
-        rate changes every round of a cycle, and a compiled step is built per rate (c
-        compilations), so SWA's clients train on the loop, as before the stacked step."""
-        if self.config.swa:
+        fixed as numbers (a compiled step does not trace the config). None with SWA under
+        torch.compile: SWA's rate changes every round of a cycle and a step is built per
+        rate, which eagerly is a closure (the stack trains them) but compiled would be c
+        compilations, so those clients train on the loop."""
+        if self.config.swa and self.config.compile != "off":
             return None
         rho, adaptive, eta = self.rho, self.adaptive, float(self.config.asam_eta)
         return lambda params, grads: stacked_ascent_offsets(params, grads, rho, adaptive, eta)
