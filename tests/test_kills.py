@@ -158,7 +158,14 @@ def test_kill_at_random_times_resumes_identically(tmp_path, reference):
                 body()
             finally:
                 os._exit(1)
-        time.sleep(rng.uniform(0.05, 1.1) * duration)
+        if sig == signal.SIGKILL:
+            time.sleep(rng.uniform(0.05, 1.1) * duration)
+        else:
+            # Ctrl-C and SIGTERM at a random moment once the run has opened its folder: timed
+            # from the fork alone, all four once landed after the run had finished (the timing
+            # run above slowed by the other test worker), so the path under test went untried.
+            _wait_for(run_dir / "run.json", pid)
+            time.sleep(rng.uniform(0.0, 0.6) * duration)
         os.kill(pid, sig)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
@@ -170,6 +177,15 @@ def test_kill_at_random_times_resumes_identically(tmp_path, reference):
         assert _in_child(lambda d=run_dir: sim.run(_config(d), progress=False)) == 0
         _assert_same(_folder(run_dir), want, f"trial {trial} ({signal.Signals(sig).name})")
     assert stopped >= 1  # the Ctrl-C/SIGTERM path was taken, not only kills and finished runs
+
+
+def _wait_for(path, pid: int, timeout: float = 60.0) -> None:
+    """Until ``path`` exists (the child ``pid`` made it), or the child has ended."""
+    end = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < end:
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            raise AssertionError(f"the run ended before it made {path}")
+        time.sleep(0.002)
 
 
 def test_missing_model_is_rebuilt_from_the_checkpoint(tmp_path, reference):

@@ -204,6 +204,7 @@ def test_mutation_drawing_depends_on_p():
         calls.append(kwargs["qp_prob"])
         return original(*args, **kwargs)
 
+    widgets._mutation_panels.cache_clear()  # an earlier test may have drawn this setting
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(toy, "mutation_points", spy)
         widgets.draw_mutations(qp_prob=0.7, num_models=4)
