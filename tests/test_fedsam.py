@@ -332,6 +332,14 @@ def test_swa_trains_in_the_stack_eagerly_and_on_the_loop_compiled():
     compiled = FedSAM(swa_config(sam_rho=0.05, backend="vmap", compile="default"),
                       {"w": torch.zeros(2)})
     assert not trains_in_stack(compiled)
+    # The one-time note gives that reason, not "has no batched training step".
+    from flnotes.engine.batched import stacked
+
+    stacked._NOTED.discard("fedsam")
+    with pytest.warns(UserWarning, match="with SWA under --compile .* one compilation per "
+                                         "rate.*loop backend"):
+        assert not stacked.stacks(compiled)
+    stacked._NOTED.discard("fedsam")
 
 
 def test_swa_runs_in_the_stack_as_on_the_loop(tiny_config):

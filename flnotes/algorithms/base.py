@@ -178,6 +178,9 @@ class Strategy:
     # lane's offset from its own parameters and gradient (pure, no .grad); the stacked
     # backend then trains its clients (two gradient passes a step) instead of the loop.
     stacked_ascent = None
+    # Why this strategy's clients train on the loop when the stack cannot train them, for
+    # the one-time note (None: "has no batched training step").
+    loop_reason: str | None = None
 
     def teacher_state(self, start: dict[str, torch.Tensor],
                       client: int) -> dict[str, torch.Tensor]:

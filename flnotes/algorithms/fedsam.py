@@ -215,6 +215,14 @@ class FedSAM(Strategy):
         rho, adaptive, eta = self.rho, self.adaptive, float(self.config.asam_eta)
         return lambda params, grads: stacked_ascent_offsets(params, grads, rho, adaptive, eta)
 
+    @property
+    def loop_reason(self) -> str | None:
+        """The one-time note's reason when SWA's clients train on the loop (under compile)."""
+        if self.config.swa and self.config.compile != "off":
+            return ("with SWA under --compile (its rate changes every round of a cycle: one "
+                    "compilation per rate)")
+        return None
+
     # ---- server-side SWA ----------------------------------------------------------
     @property
     def swa_start(self) -> int:
