@@ -97,7 +97,13 @@ def test_vmap_backend_trains_the_two_pass_step_in_the_stack(tiny_config):
     results to float32 tolerance, and no note of a fall-back to the loop. ASAM's ascent
     (rho 0.5) with momentum 0.9 magnifies float32 rounding to ~2e-5 in three rounds;
     tests/test_vmap.py compares a round in float64 on every model, to 1e-9."""
-    config = tiny_config.replace(algorithm="fedasam", momentum=0.9, weight_decay=1e-3)
+    _stack_trains_as_the_loop(tiny_config.replace(algorithm="fedasam", momentum=0.9,
+                                                  weight_decay=1e-3))
+
+
+def _stack_trains_as_the_loop(config: RunConfig) -> None:
+    """``config`` on the vmap backend, with no note of a fall-back to the loop, gives the
+    loop's final model and rows to float32 tolerance."""
     loop = run(config.replace(backend="loop"), progress=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -106,6 +112,7 @@ def test_vmap_backend_trains_the_two_pass_step_in_the_stack(tiny_config):
     assert states_allclose(loop.final_state, vmapped.final_state, rtol=1e-3, atol=1e-4)
     for a, b in zip(loop.rows, vmapped.rows, strict=True):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b.get("swa_models") == a.get("swa_models")
 
 
 def test_runs_on_the_toy_where_asam_is_sam():
@@ -345,14 +352,6 @@ def test_swa_trains_in_the_stack_eagerly_and_on_the_loop_compiled():
 def test_swa_runs_in_the_stack_as_on_the_loop(tiny_config):
     """FedSAM + SWA on the vmap backend, no fall-back note: the loop's rows and final model
     (rates cycling through the SWA phase, the reported SWA mean) to float32 tolerance."""
-    config = tiny_config.replace(algorithm="fedsam", sam_rho=0.05, swa=True, swa_start=2,
-                                 swa_cycle=2, swa_lr=1e-3, rounds=5)
-    loop = run(config.replace(backend="loop"), progress=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        vmapped = run(config.replace(backend="vmap"), progress=False)
-    assert not [w for w in caught if "loop backend" in str(w.message)]
-    assert states_allclose(loop.final_state, vmapped.final_state, rtol=1e-3, atol=1e-4)
-    for a, b in zip(loop.rows, vmapped.rows, strict=True):
-        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
-        assert b["swa_models"] == a["swa_models"]
+    _stack_trains_as_the_loop(tiny_config.replace(
+        algorithm="fedsam", sam_rho=0.05, swa=True, swa_start=2, swa_cycle=2, swa_lr=1e-3,
+        rounds=5))

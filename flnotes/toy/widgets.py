@@ -403,6 +403,9 @@ class Scene:
 
     def __init__(self) -> None:
         self._kept: dict = {}  # key -> _Kept, oldest first
+        # A figure that several keys share (laid out or framed anew for each), for a scene
+        # that keeps one (the client and mutation explorers), else None.
+        self._panels = None
 
     def key(self, values: dict):  # pragma: no cover - every scene defines these three
         raise NotImplementedError
@@ -423,6 +426,7 @@ class Scene:
     def forget(self) -> None:
         """Drop every kept figure (the next picture builds its figure anew)."""
         self._kept.clear()
+        self._panels = None
 
     def figure(self, **values) -> Figure:
         """A new, fully drawn figure for ``values`` (the static picture a cell shows)."""
@@ -431,7 +435,16 @@ class Scene:
         return drawing.fig
 
     def png(self, values: dict) -> bytes:
-        """The PNG for ``values``: the kept figure, its moving artists redrawn."""
+        """The PNG for ``values``: the kept figure, its moving artists redrawn. A redraw
+        stopped midway (an error, Ctrl-C) may leave a figure half drawn: every kept one is
+        dropped, and the next picture builds its figure anew."""
+        try:
+            return self._png(values)
+        except BaseException:
+            self.forget()
+            raise
+
+    def _png(self, values: dict) -> bytes:
         import numpy as np
         from PIL import Image as PILImage
 
@@ -570,7 +583,6 @@ class MutationScene(Scene):
         super().__init__()
         self.center, self.update_ = tuple(center), tuple(update)
         self.half_width = half_width
-        self._panels = None  # the figure every window shares
 
     def base(self) -> float:
         """The window's half width when everything fits in it."""
@@ -626,19 +638,6 @@ class MutationScene(Scene):
         if drawing.landscape_width != drawing.half_width:
             drawing.set_window(drawing.half_width)
         return super()._render_layer(kept)
-
-    def png(self, values: dict) -> bytes:
-        """The scene's PNG (:meth:`Scene.png`); a move stopped midway drops the shared
-        figure, which it may have left half drawn (the next picture builds a new one)."""
-        try:
-            return super().png(values)
-        except BaseException:
-            self.forget()
-            raise
-
-    def forget(self) -> None:
-        super().forget()
-        self._panels = None
 
     def note(self, values: dict) -> str:
         """A line under the figure when the window had to widen, and when the mutation
@@ -729,7 +728,6 @@ class ClientsScene(Scene):
     def __init__(self, most_clients: int | None = None) -> None:
         super().__init__()
         self.most_clients = most_clients
-        self._panels = None  # the figure every number of clients up to most_clients shares
 
     def key(self, values: dict):
         return int(values["num_clients"])
@@ -751,20 +749,14 @@ class ClientsScene(Scene):
                               depth_spread=float(values["depth_spread"]))
         drawing.set(fed, level=float(values["level"]))
 
-    def png(self, values: dict) -> bytes:
-        """The scene's PNG (:meth:`Scene.png`); when it has just built the shared figure, the
+    def _png(self, values: dict) -> bytes:
+        """:meth:`Scene.png`'s picture; when it has just built the shared figure, the
         frames of every other number of clients are rendered too (0.05 s each), so that a
         student's first move to one draws only the landscapes, as later moves do."""
         built = self._panels is None
-        try:
-            out = super().png(values)
-            if built and self._panels is not None:
-                self._render_layouts(self._panels, self.key(values))
-        except BaseException:
-            # Stopped midway (an error, Ctrl-C), the shared figure may be half drawn: the
-            # next picture builds a new one (a scene's own figures are dropped likewise).
-            self.forget()
-            raise
+        out = super()._png(values)
+        if built and self._panels is not None:
+            self._render_layouts(self._panels, self.key(values))
         return out
 
     def _render_layouts(self, drawing, shown) -> None:
@@ -778,10 +770,6 @@ class ClientsScene(Scene):
             kept.backgrounds[None] = self._render_background(drawing, drawing.not_frames())
             self._kept[clients] = kept
         self._kept[shown] = self._kept.pop(shown)
-
-    def forget(self) -> None:
-        super().forget()
-        self._panels = None
 
 
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
