@@ -210,7 +210,7 @@ class FedSAM(Strategy):
         torch.compile: SWA's rate changes every round of a cycle and a step is built per
         rate, which eagerly is a closure (the stack trains them) but compiled would be c
         compilations, so those clients train on the loop."""
-        if self.config.swa and self.config.compile != "off":
+        if self._compiled_per_rate:
             return None
         rho, adaptive, eta = self.rho, self.adaptive, float(self.config.asam_eta)
         return lambda params, grads: stacked_ascent_offsets(params, grads, rho, adaptive, eta)
@@ -218,10 +218,15 @@ class FedSAM(Strategy):
     @property
     def loop_reason(self) -> str | None:
         """The one-time note's reason when SWA's clients train on the loop (under compile)."""
-        if self.config.swa and self.config.compile != "off":
+        if self._compiled_per_rate:
             return ("with SWA under --compile (its rate changes every round of a cycle: one "
                     "compilation per rate)")
         return None
+
+    @property
+    def _compiled_per_rate(self) -> bool:
+        """SWA under torch.compile: a stacked step would be compiled once per rate."""
+        return bool(self.config.swa) and self.config.compile != "off"
 
     # ---- server-side SWA ----------------------------------------------------------
     @property

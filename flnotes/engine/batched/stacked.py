@@ -133,7 +133,7 @@ def stacks(strategy) -> bool:
     say once that the loop backend does (whose results the stack would only reproduce)."""
     if trains_in_stack(strategy):
         return True
-    why = getattr(strategy, "loop_reason", None) or "has no batched training step"
+    why = strategy.loop_reason or "has no batched training step"
     if strategy.name not in _NOTED and fallback_warning(
             f"flnotes: {strategy.name} {why}; its clients train on the loop backend (the "
             "reference, same results)", stacklevel=3):
