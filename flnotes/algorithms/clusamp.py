@@ -29,12 +29,41 @@ Decisions where the paper leaves room (the authors' code is Accenture/Labs-Feder
 Learning, clustered_sampling; read for behaviour, nothing copied):
 
 - Importance p_i: sample counts n_i / n (``weighting="samples"``, the paper's and the
-  code's choice) or uniform 1/N (``weighting="uniform"``). Aggregation is always 1/m per
-  draw (the paper's Eq. 3 with multinomial-type sampling); the importance enters through the
-  distributions, not the aggregation weights.
+  code's choice) or uniform 1/N (``weighting="uniform"``). Aggregation weight of a draw,
+  ``clusamp_aggregation``: "draws" (default) is 1/m per draw (the paper's Eq. 3 with
+  multinomial-type sampling): the importance enters through the distributions, not the
+  aggregation weights. "samples" reproduces a quirk of the seed papers' code (the FedMR
+  authors' repository HMHelloWorld/FedMR, main_fed.py ClusteredSampling): it draws
+  ``idxs_users = sample_clients(distri_clusters)`` (l.146; utils/clustering.py l.227-237,
+  one client per distribution, in distribution order, a repeat kept), appends
+  ``lens.append(len(dict_users[idx]))`` for each draw (l.153) and averages with
+  ``Aggregation(w_locals, lens)`` (l.160; models/Fed.py l.9-31: sum_k n_k w_k / sum_k n_k):
+  each draw weighs its client's sample count n_(l_k), so the new model is
+  sum_k n_(l_k) theta_(l_k) / sum_k n_(l_k). The importance n_i / n (l.111-112) then
+  counts twice (in the distributions and in the weights), so E[omega_i] = p_i of
+  Proposition 1 no longer holds; the default keeps the paper's 1/m.
 - A client drawn by two distributions in one round trains once and enters the mean with
-  weight 2/m (the code trains it twice from different batches; the expected weights are the
-  same, and the engine trains each client once a round).
+  weight 2/m (or 2 n_i with ``clusamp_aggregation="samples"``; the code trains it twice from
+  different batches and counts each training once; the expected weights are the same, and
+  the engine trains each client once a round).
+- Similarity matrix, ``clusamp_similarity``: "full" (default, the paper's Alg. 2) computes
+  every pair from the current representative gradients each round. "seed-code" reproduces a
+  quirk of the seed papers' code: it computes the full matrix once, at iter 0 from the zero
+  gradients (main_fed.py l.132-135), and afterwards updates the kept matrix with
+  ``get_matrix_similarity_from_grads_new(gradients, ..., idx=idxs_users,
+  metric_matrix=sim_matrix)`` (l.171-173). That function (utils/clustering.py l.118-130)
+  loops ``for i in idx: for j in idx: if i == j: continue`` but writes
+  ``metric_matrix[i, j] = get_similarity(...)`` after the inner loop (by its indentation),
+  where Python's j is left at idx's last element: each round only the entries
+  (i, last drawn client) of the drawn clients i change, in draw order, the (last, last)
+  entry included (distance 0; for a client with itself flnotes writes 0 where the code's
+  arccos of a rounded 1 may be a tiny number); every other entry keeps its old value and
+  the matrix is no longer symmetric. ``linkage(sim_matrix, "ward")`` (l.138) takes its rows
+  as observations, as ``ward_tree`` does. flnotes keeps the stored matrix in float64 (the
+  code's numpy matrix) in every checkpoint and remembers each round's draws in draw order
+  (the pick from r_m is the last), so a resumed run equals an uninterrupted one. It works
+  with every distance and with the count sketch (the pairs come from whatever the server
+  keeps of the updates).
 - Distance between representative gradients ``clusamp_distance``: "cosine" (default) is the
   code's "cosine", the angle arccos of the cosine similarity; "l2" the squared Euclidean
   distance, "l1" the L1 distance (the code's other two). FedQP says CluSamp clusters "based
@@ -223,7 +252,10 @@ class CluSamp(Strategy):
     """FedAvg with clustered sampling by update similarity (Algorithm 2)."""
 
     name = "clusamp"
-    checkpointed = {"updates": "tensor"}
+    # The seed-code distance matrix is a "state" ({"matrix": float64 tensor}, None with the
+    # paper's full recomputation): the "tensor" kind would restore it as float32, and a
+    # resumed run would then cluster from rounded distances.
+    checkpointed = {"updates": "tensor", "kept_distances": "state"}
     label = "CluSamp"
     settings = (
         Setting("clusamp_distance", "cosine", "CluSamp: distance between clients' last updates "
@@ -232,6 +264,19 @@ class CluSamp(Strategy):
         Setting("clusamp_sketch", 0, "CluSamp: keep a k-number count sketch of each client's "
                 "update instead of the whole update (0: whole, the paper; saves memory on "
                 "large models)", minimum=0, source="not in the paper: a memory option"),
+        Setting("clusamp_aggregation", "draws", "CluSamp: weight of each draw in the new "
+                "global model (draws: 1/m each, the paper; samples: the drawn client's sample "
+                "count, as the seed code's Aggregation(w_locals, lens))",
+                choices=("draws", "samples"),
+                source="Fraboni et al. 2021 Eq. 3 (1/m per draw); samples: HMHelloWorld/FedMR "
+                       "main_fed.py l.146-160"),
+        Setting("clusamp_similarity", "full", "CluSamp: distance matrix the tree is built "
+                "from (full: every pair from the current updates each round, the paper; "
+                "seed-code: a kept matrix, full at round 1, then each round only the entries "
+                "(drawn client, last drawn client), as the seed code)",
+                choices=("full", "seed-code"),
+                source="Fraboni et al. 2021 Alg. 2; seed-code: HMHelloWorld/FedMR main_fed.py "
+                       "l.132-173, utils/clustering.py l.118-130"),
     )
 
     @classmethod
@@ -250,6 +295,11 @@ class CluSamp(Strategy):
         # The representative gradients: zero until a client is first sampled (the code).
         self.updates = torch.zeros(self.config.num_clients, k if k > 0 else size)
         self.draw_counts: dict[int, int] = {}  # this round's draws per client
+        self.picks: list[int] = []  # this round's draws in draw order (r_1's pick first)
+        # clusamp_similarity="seed-code": the kept distance matrix, made at the first
+        # selection and updated a few entries per round (None until then, and always with
+        # "full").
+        self.kept_distances: OrderedDict[str, torch.Tensor] | None = None
         self.num_groups = 0  # flat clusters of this round's tree cut (a metric)
 
     def importance(self, sizes: list[int]) -> list[int]:
@@ -261,7 +311,7 @@ class CluSamp(Strategy):
     def distributions(self, sizes: list[int], m: int) -> list[dict[int, int]]:
         """This round's r_1..r_m from the current representative gradients."""
         weights = self.importance(sizes)
-        distances = distance_matrix(self.updates, self.config.clusamp_distance)
+        distances = self.current_distances()
         groups = tree_cut(ward_tree(distances) if len(weights) > 1 else None, weights, m)
         self.num_groups = len(groups)
         return cluster_distributions(groups, weights, m)
@@ -271,12 +321,39 @@ class CluSamp(Strategy):
         """One draw from each of the m distributions; repeats counted for the weights."""
         rows = self.distributions(sizes, clients_per_round)
         picks = draw(rows, sum(self.importance(sizes)), generator)
+        self.picks = picks  # the seed-code similarity needs the last one
         self.draw_counts = {c: picks.count(c) for c in sorted(set(picks))}
         return sorted(self.draw_counts)
 
+    def current_distances(self) -> torch.Tensor:
+        """The distance matrix this round's tree is built from: all pairs from the current
+        updates ("full"), or the kept matrix ("seed-code"; the full one at the first round,
+        as the code's iter 0)."""
+        if self.config.clusamp_similarity == "full":
+            return distance_matrix(self.updates, self.config.clusamp_distance)
+        if self.kept_distances is None:
+            full = distance_matrix(self.updates, self.config.clusamp_distance)
+            self.kept_distances = OrderedDict(matrix=full)
+        return self.kept_distances["matrix"]
+
+    def update_kept_distances(self, picks: list[int]) -> None:
+        """The seed code's update (utils/clustering.py l.118-130): for every draw i in draw
+        order, only the entry (i, last drawn client) is recomputed from the new updates; the
+        rest of the matrix keeps its values (it becomes asymmetric)."""
+        matrix = self.kept_distances["matrix"]
+        drawn = sorted(set(picks))
+        last = drawn.index(picks[-1])
+        pairs = distance_matrix(self.updates[drawn], self.config.clusamp_distance)
+        for i in picks:  # a repeat writes the same entry again
+            matrix[i, picks[-1]] = pairs[drawn.index(i), last]
+
     def aggregate(self, round: int, results: list[ClientResult]) -> StateDict:
-        """theta <- sum_k theta_(l_k) / m; then the clients' new representative gradients."""
+        """theta <- sum_k theta_(l_k) / m (or sum_k n_(l_k) theta_(l_k) / sum_k n_(l_k) with
+        clusamp_aggregation="samples"); then the clients' new representative gradients."""
         counts = [self.draw_counts.get(r.client, 1) for r in results]
+        if self.config.clusamp_aggregation == "samples":
+            # The seed code's Aggregation(w_locals, lens): n_i for each draw, a repeat twice.
+            counts = [c * r.num_samples for c, r in zip(counts, results, strict=True)]
         new = weighted_mean([r.state for r in results], counts)
         for r in results:  # theta_i - theta, theta the model dispatched this round
             update = flat_update(self.global_state, r.state)
@@ -285,6 +362,8 @@ class CluSamp(Strategy):
                 update = torch.zeros(self.updates.shape[1]).index_add_(0, buckets,
                                                                        update * signs)
             self.updates[r.client] = update
+        if self.config.clusamp_similarity == "seed-code" and self.picks:
+            self.update_kept_distances(self.picks)
         self.global_state = new
         return self.global_state
 
