@@ -119,7 +119,7 @@ def _damaged(tmp_path: Path, content) -> str:
 @pytest.mark.parametrize("make, words", [
     (lambda t: str(t / "missing"), "does not exist"),
     (lambda t: _damaged(t, '{"lr": 0.1,'), "is damaged (not JSON"),
-    (lambda t: _damaged(t, "[1, 2]"), "is damaged (a JSON list"),
+    (lambda t: _damaged(t, "[1, 2]"), "is damaged (a list"),
     (lambda t: _damaged(t, b"\xff\xfe\x00"), "cannot read"),
     (lambda t: _damaged(t, '{"lr": 0.1, "rounds_": 3}'), "unknown RunConfig field"),
     (lambda t: _damaged(t, '{"lr": -1}'), "lr"),
@@ -151,3 +151,61 @@ def test_config_and_preset_together_are_refused(tmp_path, capsys):
     old = _written_config(tmp_path)
     assert main(["run", "--config", str(old), "--preset", "fedmut-paper"]) == 2
     assert "give one" in _one_line_error(capsys)
+
+
+def test_config_reads_yaml_and_json_with_1e_numbers(tmp_path, capsys):
+    text = ("algorithm: fedprox\nmu: 1e-2\nlr: 0.03\nnum_clients: 4\nclients_per_round: 2\n"
+            "rounds: 1\ndevice: cpu\ndata_options:\n  num_train: 400\n  num_test: 100\n")
+    (tmp_path / "exp.yaml").write_text(text)
+    assert main(["run", "--config", str(tmp_path / "exp.yaml"),
+                 "--run-dir", str(tmp_path / "y")]) == 0
+    stored = _stored(tmp_path / "y")
+    assert (stored["algorithm"], stored["mu"], stored["lr"]) == ("fedprox", 0.01, 0.03)
+    assert stored["data_options"] == {"num_train": 400, "num_test": 100}
+
+
+@pytest.mark.parametrize("name, text", [
+    ("c.json", '{"algorithm": "fedavg", "mu": 0.5}'),
+    ("c.yaml", "algorithm: fedavg\nmu: 0.5\n"),
+    ("c.json", '{"mu": 0.5}'),  # fedavg by default
+])
+def test_config_refuses_a_setting_its_method_does_not_read_as_the_flag_does(name, text,
+                                                                          tmp_path, capsys):
+    (tmp_path / name).write_text(text)
+    assert main(["run", "--config", str(tmp_path / name)]) == 2
+    line = _one_line_error(capsys)
+    assert "mu=0.5 is not read by fedavg" in line and str(tmp_path / name) in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_config_of_an_old_folder_with_every_methods_defaults_still_runs(tmp_path, capsys):
+    """A folder written before settings belonged to methods holds each method's setting at
+    its default: those say nothing and are left out, as before."""
+    from flnotes.algorithms import all_settings
+
+    folder = _written_config(tmp_path, algorithm="fedavg")
+    values = _stored(folder)
+    values.update((n, next(iter(by.values())).default) for n, by in all_settings().items()
+                  if next(iter(by.values())).default is not None)
+    (folder / "config.json").write_text(json.dumps(values))
+    assert main(["run", "--config", str(folder), "--run-dir", str(tmp_path / "n")]) == 0
+    assert "mu" not in _stored(tmp_path / "n")
+
+
+@pytest.mark.parametrize("name, text", [
+    ("c.json", '{"lr": 0.1, "rounds": 2, "lr": 0.5}'),
+    ("c.json", '{"data_options": {"num_train": 400, "num_train": 9}}'),
+    ("c.yaml", "lr: 0.1\nrounds: 2\nlr: 0.5\n"),
+])
+def test_config_refuses_a_key_given_twice(name, text, tmp_path, capsys):
+    (tmp_path / name).write_text(text)
+    assert main(["run", "--config", str(tmp_path / name)]) == 2
+    line = _one_line_error(capsys)
+    key = "num_train" if "num_train" in text else "lr"
+    assert f"gives '{key}' twice" in line, line
+
+
+def test_config_that_is_neither_json_nor_yaml_is_one_line(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("lr: [0.1\nrounds: 2\n")
+    assert main(["run", "--config", str(tmp_path / "c.yaml")]) == 2
+    assert "is damaged (not JSON or YAML" in _one_line_error(capsys)

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 import typing
@@ -199,7 +200,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         from flnotes.config.runconfig import only_read
 
         try:  # the file's own problems, named as the file's
-            RunConfig.from_dict(stored)
+            RunConfig.from_dict(_said(stored), strict=True)
         except ValueError as err:
             raise ValueError(f"--config {config_file}: {err}") from None
         algorithm = values.get("algorithm", stored.get("algorithm", "fedavg"))
@@ -213,9 +214,71 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig.from_dict(values, strict=True)
 
 
+def _said(stored: dict) -> dict:
+    """A config file's values without the settings its method does not read that hold
+    their default: a run folder written before settings belonged to methods holds every
+    method's, at its default, and says nothing by them. Any other such setting stays, for
+    the strict check to refuse as it refuses the flag."""
+    from flnotes.algorithms import algorithm_names, all_settings, settings_of
+
+    algorithm = stored.get("algorithm", "fedavg")
+    if algorithm not in algorithm_names():
+        return stored  # refused by name, with the known ones
+    read, declared = settings_of(algorithm), all_settings()
+    return {k: v for k, v in stored.items()
+            if k in read or k not in declared
+            or all(v != s.default for s in declared[k].values())}
+
+
+class _StrictYamlLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a key given twice is refused (PyYAML keeps the last silently)
+    and 1e-3 is a number (YAML 1.1 wants a dot in it, as JSON does not)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int | None = None) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _no_duplicates(pairs: list) -> dict:
+    """json's object_pairs_hook: a key given twice is refused (json keeps the last)."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def _parse_config_text(text: str):
+    """A config file's text as JSON, else as YAML (which most JSON also is; JSON first:
+    YAML 1.1 would read json.dumps's 1e-05 as text); _DuplicateKey for a key given twice."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError:
+        pass
+    return yaml.load(text, Loader=_StrictYamlLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _stored_config(path: str, flag: str) -> dict:
-    """The values of a run folder's config.json (``path``: the file or its folder), or a
-    one-line ValueError naming the file and what is wrong with it."""
+    """The values of a run folder's config.json (``path``: the file or its folder) or of a
+    YAML or JSON file, or a one-line ValueError naming the file and what is wrong with it."""
     if not str(path).strip() or "\0" in str(path):
         raise ValueError(f"{flag} {str(path)!r:.80} is not a file's name; name a run "
                          "folder's config.json")
@@ -230,12 +293,22 @@ def _stored_config(path: str, flag: str) -> dict:
         reason = getattr(err, "strerror", None) or type(err).__name__
         raise ValueError(f"{flag} {path}: cannot read {file} ({reason})") from None
     try:
-        values = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{flag} {path}: {file} is damaged (not JSON: {err})") from None
+        values = _parse_config_text(text)
+    except _DuplicateKey as dup:
+        where = f" (line {dup.line})" if dup.line else ""
+        raise ValueError(f"{flag} {path}: {file} gives {dup.key!r} twice{where}; keep "
+                         "one") from None
+    except yaml.YAMLError as err:
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{flag} {path}: {file} is damaged (not JSON or YAML: "
+                         f"{problem}{where})") from None
     if not isinstance(values, dict):
-        raise ValueError(f"{flag} {path}: {file} is damaged (a JSON "
-                         f"{type(values).__name__}, not an object)")
+        kind = {list: "list", str: "text", type(None): "empty file"}.get(
+            type(values), type(values).__name__)
+        raise ValueError(f"{flag} {path}: {file} is damaged (a {kind}, not a mapping of "
+                         "settings)")
     return values
 
 
@@ -352,9 +425,10 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                        help="run these seeds and print mean +- std; with the vmap backend "
                             "(the default on a GPU) their clients train as one stack")
     p_run.add_argument("--config", metavar="FILE",
-                       help="start from a run folder's config.json (or the folder); flags "
-                            "given as well override its values, and the run gets its own "
-                            "folder unless --run-dir names one")
+                       help="start from a run folder's config.json (or the folder), or a "
+                            "JSON or YAML file of settings; flags given as well override its "
+                            "values, and the run gets its own folder unless --run-dir names "
+                            "one")
     p_run.add_argument("--resume", metavar="FOLDER",
                        help="continue a run folder under its own config.json; --rounds may "
                             "raise its rounds (--device, --backend and the like may change; "
