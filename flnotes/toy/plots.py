@@ -736,8 +736,9 @@ class EndpointsFigure:
             draw_landscape(ax, fn, xlim, ylim, num=81)
             if federation is not None:
                 mark_basins(ax, federation)
-            self.dots.append(ax.scatter([], [], s=10, c=[], lw=0.3, edgecolors="k",
-                                        zorder=3))
+            # No ``c``: a scatter given ``c`` maps that array through its colour map at
+            # every draw, over the face colours set() gives (every dot came out hollow).
+            self.dots.append(ax.scatter([], [], s=10, lw=0.3, edgecolors="k", zorder=3))
             ax.set_xlim(*xlim)  # the dots must not widen the frame they are drawn in
             ax.set_ylim(*ylim)
         # What every mark means, once, below the panels.
