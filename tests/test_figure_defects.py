@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgba_array  # noqa: E402
 
+from flnotes.repro import figures  # noqa: E402
 from flnotes.toy import landscapes  # noqa: E402
 from flnotes.toy import plots as toy_plots  # noqa: E402
 
@@ -54,3 +55,40 @@ def test_endpoint_dots_are_drawn_white_in_the_flat_basin_and_red_elsewhere():
     figure.set([{**r, "accuracy": 1.0 - r["accuracy"]} for r in rows])
     figure.fig.canvas.draw()
     assert np.allclose(fedavg.get_facecolors(), to_rgba_array(["red", "white"]))
+
+
+# ---- notebook 22: a tie is a tie ---------------------------------------------------------------
+
+
+def _line(label: str, last: float) -> figures.Line:
+    rounds = np.array([1.0, 2.0])
+    values = np.array([last - 1.0, last])
+    return figures.Line(label, rounds, values, values, values, 1)
+
+
+@pytest.mark.parametrize("name", ["fedup-fig3", "fedmr-fig10"])
+def test_a_tie_with_the_claimed_line_reads_as_a_tie(name):
+    figure = figures.FIGURES[name]
+    claimed = figure.expected_best[0]
+    (verdict,) = figures.summary(figure, [("panel", [_line("FedAvg", 18.02),
+                                                     _line(claimed, 18.02)])])
+    assert "holds" not in verdict and "does not hold" not in verdict
+    assert f"FedAvg and {claimed} tie" in verdict
+
+
+def test_a_tie_below_the_best_and_a_clear_win_keep_their_verdicts():
+    figure = figures.FIGURES["fedup-fig3"]
+    (won,) = figures.summary(figure, [("p", [_line("FedAvg", 18.0), _line("FedUp", 18.5)])])
+    assert "the paper's ordering holds (FedUp ends best)" in won
+    (lost,) = figures.summary(figure, [("p", [_line("FedAvg", 19.0), _line("FedUp", 18.5),
+                                              _line("MOON", 18.5)])])
+    assert "does not hold (FedAvg ends best)" in lost
+    # a tie at the printed precision is a tie: the reader sees the same two numbers
+    (close,) = figures.summary(figure, [("p", [_line("FedAvg", 18.021),
+                                               _line("FedUp", 18.019)])])
+    assert "tie" in close and "holds" not in close
+    # two lines the paper both names as best, tied with each other: the claim holds
+    fig12 = figures.FIGURES["fedmr-fig12"]
+    (both,) = figures.summary(fig12, [("p", [_line("FedMR-0", 10.0), _line("FedMR-50", 12.0),
+                                             _line("FedMR-100", 12.0)])])
+    assert "the paper's ordering holds" in both
