@@ -259,15 +259,44 @@ def _disk_full_at(monkeypatch, module, point: int) -> None:
     monkeypatch.setattr(module, "write_atomically", full)
 
 
-@pytest.mark.parametrize("where, point", [(client_state, 1), (client_state, 4), (run_folder, 6)],
-                         ids=["first client state", "a later client state", "a checkpoint"])
-def test_a_full_disk_is_one_line_and_the_folder_resumes(where, point, tmp_path, capsys,
+def _disk_full_in_torch_save(monkeypatch) -> None:
+    """The first checkpoint.pt finds the disk full inside torch.save, whose zip writer turns
+    the file's OSError into "RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos ..." (what a real full disk gave)."""
+    real, done = run_folder.write_atomically, []
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            pass
+
+    def full(path, write):
+        if Path(path).name != "checkpoint.pt" or done:
+            return real(path, write)
+        done.append(path)
+        return real(path, lambda f: write(FullDisk()))
+
+    monkeypatch.setattr(run_folder, "write_atomically", full)
+
+
+@pytest.mark.parametrize("where, point, file", [
+    (client_state, 1, "client_states/scaffold/client"),
+    (client_state, 4, "client_states/scaffold/client"), (run_folder, 6, "run.json"),
+    (None, 0, "checkpoint.pt")],
+    ids=["first client state", "a later client state", "run.json", "checkpoint in torch.save"])
+def test_a_full_disk_is_one_line_and_the_folder_resumes(where, point, file, tmp_path, capsys,
                                                          monkeypatch):
     folder = tmp_path / "run"
-    _disk_full_at(monkeypatch, where, point)
+    if where is None:
+        _disk_full_in_torch_save(monkeypatch)
+    else:
+        _disk_full_at(monkeypatch, where, point)
     assert main(_argv(folder, "scaffold", 3)) == 2
     line = _one_error_line(capsys)
-    assert line == f"error: cannot write to run folder {folder}: No space left on device", line
+    assert line.startswith(f"error: disk full: cannot write {folder / file}"), line
+    assert f"run --resume {folder}" in line and "RuntimeError" not in line, line
     assert not list(folder.rglob("*.tmp"))
     assert json.loads((folder / "run.json").read_text())["status"] == "failed"
     monkeypatch.undo()
@@ -307,8 +336,7 @@ def test_a_real_full_disk(tiny_disk, tmp_path, capsys):
     folder = tiny_disk / "run"
     assert main([*toy, str(folder)]) == 2
     line = _one_error_line(capsys)
-    assert line.startswith(f"error: cannot write to run folder {folder}: No space left on "
-                           "device"), line
+    assert line.startswith(f"error: disk full: cannot write {folder}"), line
     assert not list(folder.rglob("*.tmp"))
     filler.unlink()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -11,17 +11,20 @@ the settings hash and its check, the lock, reading and writing each file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import socket
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
 from flnotes.algorithms import settings_of
+from flnotes.engine import client_state
 from flnotes.engine.client_state import (
     ClientStateError,
     deferred_signals,
@@ -39,6 +42,61 @@ RESUMABLE_CHANGES = {"rounds", "checkpoint_every", "device", "backend", "compile
 
 class RunFolderError(ValueError):
     """A run folder that cannot be used for this run (one line: the folder or file, and why)."""
+
+
+class DiskFullError(RunFolderError):
+    """No room left for a file being written (a full disk, a used-up quota): one line saying
+    so, naming the file and how to go on."""
+
+
+# What a write that found no room fails with: a full disk, or the user's quota used up.
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+def write_failure(err: BaseException) -> OSError | None:
+    """The OSError behind a failed write: ``err`` itself, or the one torch.save's zip writer
+    met (it raises its own RuntimeError, "[enforce fail at inline_container.cc] unexpected
+    pos ...", with the file object's OSError as its context); None for anything else."""
+    if isinstance(err, OSError):
+        return err
+    behind = err.__cause__ or err.__context__
+    if isinstance(err, RuntimeError) and isinstance(behind, OSError):
+        return behind
+    return None
+
+
+def disk_full(file, then: str) -> DiskFullError:
+    """The one line for a write that found no room: the file, and ``then`` (how to go on)."""
+    return DiskFullError(f"disk full: cannot write {file} (no space left on the device); "
+                         f"free some space, then {then}")
+
+
+def _resumes(run_dir: Path) -> str:
+    return (f"`python -m flnotes run --resume {run_dir}` (or the same command again) "
+            "continues the run from its last checkpoint")
+
+
+def _written_file(err: OSError, run_dir: Path) -> str:
+    """The file a failed write was writing: the error's own file name, else (a file object's
+    write says none) the path that write_atomically was given, from the traceback, as it
+    lives in client_state and its error reaches here unchanged; else the folder."""
+    if getattr(err, "filename", None):
+        return str(err.filename)
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        if frame.f_code is client_state.write_atomically.__code__:
+            return str(frame.f_locals.get("path", run_dir))
+    return str(run_dir)
+
+
+def _write_error(err: BaseException, run_dir: Path) -> RunFolderError | None:
+    """The one-line error for a write into ``run_dir`` that failed with ``err`` (None: not a
+    failed write, so not ours to rename)."""
+    cause = write_failure(err)
+    if cause is None:
+        return None
+    if cause.errno in NO_SPACE:
+        return disk_full(_written_file(cause, run_dir), _resumes(run_dir))
+    return RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(cause)}")
 
 
 def result_settings(config, *, seed: bool = True) -> dict:
@@ -87,23 +145,25 @@ def lock_folder(run_dir: Path):
         handle.flush()
     except OSError as err:  # a full disk
         handle.close()
-        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
-                             ) from None
+        raise _write_error(err, run_dir) from None
     return handle
 
 
 @contextlib.contextmanager
 def _writing(run_dir: Path | None):
-    """An OSError while the block writes the run folder (a full disk, a folder made
-    read-only, deleted) is the one line "cannot write to run folder R: why"."""
+    """An OSError while the block writes the run folder (a folder made read-only, deleted)
+    is the one line "cannot write to run folder R: why"; a full disk (torch.save's
+    RuntimeError too) says so, with the file and how the folder resumes."""
     if run_dir is None:
         yield
         return
     try:
         yield
-    except OSError as err:
-        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
-                             ) from None
+    except (OSError, RuntimeError) as err:
+        mapped = _write_error(err, run_dir)
+        if mapped is None:  # a RuntimeError of the training itself: not a write
+            raise
+        raise mapped from None
 
 
 def _os_reason(err: OSError) -> str:
@@ -228,8 +288,7 @@ def _start_folder(run_dir: Path, config, history: History, saved: dict | None) -
         _write_text(run_dir / "metrics.jsonl",
                     "".join(json.dumps(r) + "\n" for r in history.rows))
     except OSError as err:
-        raise RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(err)}"
-                             ) from None
+        raise _write_error(err, run_dir) from None
     return int(saved["round"]) + 1
 
 
@@ -281,7 +340,23 @@ def _write_json(path: Path, obj: dict) -> None:
 
 def _write_text(path: Path, text: str) -> None:
     data = text.encode()
-    write_atomically(path, lambda f: f.write(data))
+    with _naming(path):
+        write_atomically(path, lambda f: f.write(data))
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """A failed write of ``path`` as an OSError that names it: a file object's write says no
+    file, and torch.save's zip writer turns the OSError it met into a RuntimeError."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        cause = write_failure(err)
+        if cause is None:
+            raise
+        if cause is err and err.filename:
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from None
 
 
 def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History, config,
@@ -297,4 +372,5 @@ def _save_checkpoint(run_dir: Path, rnd: int, strategy, history: History, config
 def _atomic_save(obj, path: Path) -> None:
     """Write to a temporary file and rename, so a killed run never leaves half a file (and
     a Ctrl-C inside torch.save waits for it: see :func:`write_atomically`)."""
-    write_atomically(path, lambda f: torch.save(obj, f))
+    with _naming(path):
+        write_atomically(path, lambda f: torch.save(obj, f))
