@@ -25,8 +25,13 @@ averaged in):
   the run counts. A half-written last line of a ``running`` run is skipped quietly;
 - the same run twice: two folders with the same settings hash (run.json ``settings_hash``,
   or, where none is stored, the same config but for ``run_dir``), seed included, are one run;
-  the newer folder (latest write of run.json or metrics.jsonl) is kept, and a warning names
-  both (:func:`one_per_run`);
+  a completed folder is kept before one that stopped early (running, interrupted, diverged),
+  and that before a failed one; among equals the newer (latest write of run.json or
+  metrics.jsonl); a warning names every folder (:func:`one_per_run`, which ``figures`` and
+  ``results-page`` use too);
+- a run that lands in no cell of a printed table (a dataset, model, heterogeneity or method
+  the table does not have, or a run made by another table's sweep): ``tables`` says why in
+  one line per run, or per group of runs with the same reason (:func:`unplaced`);
 - failed runs (run.json ``"status": "failed"``): never averaged in; ``tables`` lists them
   apart and says how many were left out. A ``running`` run counts as not completed (the
   cell is marked partial), as an interrupted or diverged one does.
@@ -154,21 +159,41 @@ def _written(*files: Path) -> float:
     return max(times, default=0.0)
 
 
+# Which folder of a run counts, best first: a completed run; one that stopped early (still
+# running, interrupted, diverged), used only where no completed folder exists and marked
+# partial; a failed one, which no table averages in. A rerun that fails or is stopped must not
+# hide the run that completed before it.
+def _preference(status) -> int:
+    if status == "completed":
+        return 2
+    return 0 if status == FAILED else 1
+
+
 def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
     """Runs without repeats: folders with the same settings and seed are one run, not two
-    seeds; the newest folder is kept and a warning names every folder of the run."""
+    seeds. Of them a completed folder is kept, else one that stopped early, else a failed one;
+    among equals the newest. A warning names every folder of the run.
+
+    The one choice of ``tables``, ``figures`` and ``results-page`` (through
+    :func:`flnotes.repro.figures.load_runs`).
+    """
     if not len(runs) or "settings_key" not in runs:
         return runs
     keep = []
     for _, group in runs.groupby("settings_key", sort=False):
-        group = group.sort_values(["written", "run_dir"], kind="stable")
-        newest = group.iloc[-1]
-        keep.append(newest.name)
+        group = group.assign(_preference=group["status"].map(_preference)).sort_values(
+            ["_preference", "written", "run_dir"], kind="stable")
+        kept = group.iloc[-1]
+        keep.append(kept.name)
         if len(group) > 1:
-            older = list(group["run_dir"].iloc[:-1])
-            print(f"warning: run folders {', '.join(older)} and {newest['run_dir']} hold the "
-                  f"same run (same settings, seed {newest['seed']}): counted once, keeping "
-                  f"the newer {newest['run_dir']}", file=sys.stderr)
+            others = list(group["run_dir"].iloc[:-1])
+            newest = group.sort_values(["written", "run_dir"], kind="stable").iloc[-1]
+            why = (f"the newer {kept['run_dir']}" if newest.name == kept.name else
+                   f"the {kept['status']} {kept['run_dir']} over the newer {newest['status']} "
+                   f"{newest['run_dir']}")
+            print(f"warning: run folders {', '.join(others)} and {kept['run_dir']} hold the "
+                  f"same run (same settings, seed {kept['seed']}): counted once, keeping "
+                  f"{why}", file=sys.stderr)
     return runs.loc[sorted(keep)]
 
 
@@ -278,6 +303,105 @@ def compare(paper: pd.DataFrame, ours: pd.DataFrame | None, table: str | None = 
     return merged
 
 
+def _listed(values) -> str:
+    return ", ".join(dict.fromkeys(str(v) for v in values))
+
+
+def _named(what: str, label, raw) -> str:
+    """'dataset Fashion-MNIST (fashion-mnist)': the table's label, and the config's name where
+    it differs."""
+    return f"{what} {label}" + (f" ({raw})" if raw not in (None, "", label) else "")
+
+
+def _miss(run: pd.Series, paper: pd.DataFrame, table: str) -> str | None:
+    """Why a run's table key is no cell of ``table``: the first of dataset, model,
+    heterogeneity and method that the table has no row or column for; None if it is one."""
+    config = run["config"] if isinstance(run.get("config"), dict) else {}
+    rows = paper
+    dataset, model, split = run["dataset"], run["model"], run["heterogeneity"]
+    if dataset not in set(rows["dataset"]):
+        return (f"{_named('dataset', dataset, config.get('dataset'))} is in no row of {table} "
+                f"(its datasets: {_listed(rows['dataset'])})")
+    rows = rows[rows["dataset"] == dataset]
+    if model not in set(rows["model"]):
+        return (f"{_named('model', model, config.get('model'))} is in no {dataset} row of "
+                f"{table} (its models there: {_listed(rows['model'])})")
+    rows = rows[rows["model"] == model]
+    if split not in set(rows["heterogeneity"]):
+        return (f"heterogeneity {split} is in no {dataset} / {model} row of {table} (there: "
+                f"{_listed(rows['heterogeneity'])})")
+    rows = rows[rows["heterogeneity"] == split]
+    if run["method"] not in set(paper["method"]):
+        return (f"method {run['method']} is in no column of {table} (its methods: "
+                f"{_listed(paper['method'])})")
+    if run["method"] not in set(rows["method"]):
+        return f"{table} has no {run['method']} cell for {dataset} / {model} / {split}"
+    return None
+
+
+def _grouped(reasons: dict[str, list[str]]) -> list[str]:
+    """One line per reason: the run folder, or how many and the first two."""
+    lines = []
+    for reason, folders in reasons.items():
+        if len(folders) == 1:
+            lines.append(f"not placed: run {folders[0]}: {reason}")
+            continue
+        shown = ", ".join(folders[:2]) + (f" and {len(folders) - 2} more"
+                                          if len(folders) > 2 else "")
+        lines.append(f"not placed: {len(folders)} runs ({shown}): {reason}")
+    return lines
+
+
+def unplaced(paper: pd.DataFrame, runs: pd.DataFrame, table: str,
+             untagged: bool = True) -> list[str]:
+    """Why runs land in no cell of ``table``: one line per run, or per group of runs with the
+    same reason, so a table of 'not run' cells never leaves the reader guessing.
+
+    ``runs`` are :func:`collect_runs` rows, one per run (:func:`one_per_run`); failed runs
+    are listed apart and skipped here. As in :func:`compare`, a table takes its own sweep's
+    runs and runs made outside any sweep (no cell.json); runs of other tables' sweeps are
+    named once per table. With ``untagged=False`` only the table's own sweep's runs are
+    checked (printing every table, an untagged run is not reported under each).
+    """
+    if runs is None or not len(runs):
+        return []
+    runs = runs[runs["status"] != FAILED]
+    tag = runs["paper_table"].fillna("")
+    reasons: dict[str, list[str]] = {}
+    own_keys = {tuple(run[k] for k in KEY) for _, run in runs[tag == table].iterrows()}
+    for (_, run), run_tag in zip(runs.iterrows(), tag, strict=True):
+        if run_tag not in (table, "") or (run_tag == "" and not untagged):
+            continue
+        reason = _miss(run, paper, table)
+        if reason is None and run_tag == "" and tuple(run[k] for k in KEY) in own_keys:
+            reason = (f"its cell ({' / '.join(str(run[k]) for k in KEY)}) holds runs of "
+                      f"{table}'s own sweep, which come first")
+        if reason is not None:
+            reasons.setdefault(reason, []).append(str(run["run_dir"]))
+    lines = _grouped(reasons)
+    if untagged:
+        for other, count in tag[~tag.isin([table, ""])].value_counts(sort=False).items():
+            lines.append(f"not placed: {count} run{'s' if count != 1 else ''} made for "
+                         f"{other} (its sweep's cell.json): a table takes its own sweep's "
+                         "runs and runs made outside any sweep")
+    return lines
+
+
+def placed_nowhere(papers: dict[str, pd.DataFrame], runs: pd.DataFrame) -> list[str]:
+    """Runs made outside any sweep that land in no cell of any of ``papers``: one line per
+    table key, naming the runs."""
+    if runs is None or not len(runs):
+        return []
+    loose = runs[(runs["status"] != FAILED) & (runs["paper_table"].fillna("") == "")]
+    reasons: dict[str, list[str]] = {}
+    for _, run in loose.iterrows():
+        if all(_miss(run, paper, name) is not None for name, paper in papers.items()):
+            key = " / ".join(str(run[k]) for k in KEY)
+            reasons.setdefault(f"no cell of any printed table is {key}", []).append(
+                str(run["run_dir"]))
+    return _grouped(reasons)
+
+
 PARTIAL_MARK = "~"  # not every run of the cell completed
 SETTING_MARK = "*"  # some run of the cell differs from the paper's setting
 
@@ -366,6 +490,14 @@ def cmd_tables(args: argparse.Namespace) -> int:
             print(f"== {name}: {done} of {len(result)} cells run")
             print(side_by_side(result).to_string())
             print("\n".join(legend(result)))
+            if args.results:
+                # Asked for by name, a table accounts for every run it could take; printing
+                # them all, each its own sweep's, and the loose runs once below.
+                for line in unplaced(paper, runs, name, untagged=bool(args.table)):
+                    print(line)
+    if args.results and not args.table:
+        for line in placed_nowhere(papers, runs):
+            print(line)
     if args.results and len(failed):
         print(_failed_note(failed))
     return 0
