@@ -10,13 +10,21 @@ from collections.abc import Callable
 from typing import Any
 
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {}
+# Which of the seed authors' repositories ran a preset's paper (None: neither), and whether
+# the preset runs the baselines as that code did ("seed-code") or as their own papers.
+SEED_REPOSITORY: dict[str, str | None] = {}
+BASELINE_READING: dict[str, str] = {}
 
 
-def preset(name: str):
-    """Register a function returning a preset's field values under ``name``."""
+def preset(name: str, repository: str | None = None, reading: str = "paper"):
+    """Register a function returning a preset's field values under ``name``; ``repository``
+    is the seed authors' repository whose code ran the paper's tables, ``reading`` how the
+    preset runs the baselines ("paper" or "seed-code")."""
 
     def register(fn: Callable[[], dict[str, Any]]):
         PRESETS[name] = fn
+        SEED_REPOSITORY[name] = repository
+        BASELINE_READING[name] = reading
         return fn
 
     return register
@@ -70,7 +78,7 @@ def _mutation_setup() -> dict[str, Any]:
                 num_clients=100, clients_per_round=10, local_epochs=5, batch_size=50, lr=0.01)
 
 
-@preset("fedmut-paper")
+@preset("fedmut-paper", repository="FedMut")
 def fedmut_paper() -> dict[str, Any]:
     """FedMut (AAAI 2024) Table 1, CNN on CIFAR-10, as the paper text states it.
 
@@ -104,7 +112,7 @@ def fedmut_paper() -> dict[str, Any]:
                 beta0=0.3, beta_rounds=50, mu=0.01)
 
 
-@preset("fedmut-paper-resnet18")
+@preset("fedmut-paper-resnet18", repository="FedMut")
 def fedmut_paper_resnet18() -> dict[str, Any]:
     """FedMut (AAAI 2024) Table 1 with ResNet-18: as fedmut-paper but beta0 = 0.5.
 
@@ -117,7 +125,7 @@ def fedmut_paper_resnet18() -> dict[str, Any]:
     return dict(fedmut_paper(), model="resnet18", beta0=0.5)
 
 
-@preset("fedmut-paper-vgg16")
+@preset("fedmut-paper-vgg16", repository="FedMut")
 def fedmut_paper_vgg16() -> dict[str, Any]:
     """FedMut (AAAI 2024) Table 1 with VGG-16: as fedmut-paper (beta0 = 0.3, as for the CNN).
 
@@ -133,33 +141,74 @@ def fedmut_paper_vgg16() -> dict[str, Any]:
     return dict(fedmut_paper(), model="vgg16", beta0=0.3)
 
 
-def seed_code_baselines() -> dict[str, Any]:
+# The seed authors' two public repositories run the seed tables' baselines. The FedMR
+# repository picks FedGen's values by dataset (Algorithm/Training_FedGen.py l.24-35 read
+# utils/model_config.py's FedGenRUNCONFIGS[args.dataset]); the FedMut repository's copy of
+# the same file hard-codes dataset_name = 'cifar10' (its l.24), so FedMut's tables ran
+# CIFAR-10's values on every dataset.
+SEED_REPOSITORIES = ("FedMut", "FedMR")
+# FedGenRUNCONFIGS (FedMR repository utils/model_config.py l.58-97): generative_alpha,
+# generative_beta, ensemble_lr per dataset. A dataset it has no entry for (the code would
+# stop with a KeyError) takes CIFAR-10's values.
+_SEED_CODE_FEDGEN = {
+    "cifar10": dict(fedgen_alpha=0.2, fedgen_beta=0.2, fedgen_lr=3e-4),
+    "cifar100": dict(fedgen_alpha=10.0, fedgen_beta=1.0, fedgen_lr=1e-4),
+    "femnist": dict(fedgen_alpha=10.0, fedgen_beta=10.0, fedgen_lr=3e-4),
+}
+
+
+def seed_code_baselines(dataset: str | None = "cifar10",
+                        repository: str = "FedMR") -> dict[str, Any]:
     """The baselines as the seed papers' authors ran them (their FedMR repository, which holds
-    FedExP, FedASAM, FedGen, FedProx, FedMut and Indep; files and lines below), for the
-    ``*-official`` presets. The ``*-paper`` presets keep each baseline's own paper.
+    FedExP, FedASAM, FedGen, FedProx, FedMut and Indep, and the FedMut repository; files and
+    lines below), for the ``*-official`` presets and ``baselines: seed-code`` in a grid. The
+    ``*-paper`` presets keep each baseline's own paper.
+
+    Aggregation weights are not set here: each method's own default is what the seed code
+    does (FedMut, FedQP, FedMR average uniformly, ``Aggregation(w_locals, None)`` in
+    Training_FedMut.py; FedAvg, FedProx, CluSamp, FedGen and FedASAM weight by client size,
+    ``Aggregation(w_locals, lens)`` in main_fed.py l.56, 95, 160, Training_FedGen.py l.110,
+    Training_FedASAM.py l.132; FedExP's p_i are data shares, Training_FedExP.py l.31-36), and
+    ``weighting`` is one field for every method: setting it here would give every baseline
+    FedMut's uniform mean.
 
     FedExP: eps = 0.1 added once per client (Algorithm/Training_FedExP.py l.83); FedASAM:
-    rho 0.1, eta 0 (hard-coded in Algorithm/Training_FedASAM.py); FedGen: alpha = beta = 0.2
-    (utils/model_config.py l.81-82, CIFAR-10), no decay, uniform noise of 100 numbers, a new
-    Adam each round, 128 generated samples per step with gen_ratio 1, label shares from each
-    client's data, the teacher loss's (B,)*(B,1) broadcast (flnotes/algorithms/fedgen.py
-    lists each line); CluSamp: --sim_type L1 (utils/options.py); FedProx: --prox_alpha 0.01
-    with (mu/2)||w - w_g||^2, as FedProx's paper. A method's settings apply only when that
-    method runs (FedASAM's rho reaches FedSAM too if FedSAM is run from such a preset).
+    rho 0.1, eta 0 (hard-coded in Algorithm/Training_FedASAM.py); FedGen: alpha, beta and the
+    generator's Adam learning rate by ``dataset`` in the FedMR repository (CIFAR-10 0.2 / 0.2
+    / 3e-4, CIFAR-100 10 / 1 / 1e-4, FEMNIST 10 / 10 / 3e-4: utils/model_config.py l.58-97),
+    CIFAR-10's in the FedMut repository (``repository="FedMut"``: it hard-codes 'cifar10'),
+    no decay, uniform noise of 100 numbers, a new Adam each round, 128 generated samples per
+    step with gen_ratio 1, label shares from each client's data, the teacher loss's
+    (B,)*(B,1) broadcast (flnotes/algorithms/fedgen.py lists each line); FedMut in the FedMR
+    repository: --radius 5.0, --mut_bound 100 (its utils/options.py); CluSamp: --sim_type
+    L1 (utils/options.py), the drawn clients averaged by size (main_fed.py l.152-160) and the
+    code's one-entry-per-client similarity update (utils/clustering.py l.118-130;
+    flnotes/algorithms/clusamp.py says how); FedProx: --prox_alpha 0.01 with (mu/2)||w -
+    w_g||^2, as FedProx's paper. A method's settings apply only when that method runs
+    (FedASAM's rho reaches FedSAM too if FedSAM is run from such a preset).
     """
-    return dict(fedexp_eps=0.1, fedexp_eps_per_client=True, sam_rho=0.1, asam_eta=0.0,
-                fedgen_alpha=0.2, fedgen_beta=0.2, fedgen_decay=1.0, fedgen_noise="uniform",
+    if repository not in SEED_REPOSITORIES:
+        raise ValueError(f"unknown seed repository {repository!r}; one of {SEED_REPOSITORIES}")
+    fedgen = _SEED_CODE_FEDGEN["cifar10" if repository == "FedMut" else dataset] \
+        if dataset in _SEED_CODE_FEDGEN else _SEED_CODE_FEDGEN["cifar10"]
+    # FedMut as a baseline of FedMR's table: that repository's defaults (utils/options.py
+    # --radius 5.0, --mut_bound 100); the FedMut repository's are FedMut's paper values.
+    fedmut = dict(alpha=5.0, beta_rounds=100) if repository == "FedMR" else {}
+    return dict(**fedmut, fedexp_eps=0.1, fedexp_eps_per_client=True, sam_rho=0.1, asam_eta=0.0,
+                **fedgen, fedgen_decay=1.0, fedgen_noise="uniform",
                 fedgen_noise_dim=100, fedgen_fresh_optimizer=True, fedgen_server_batch=128,
                 fedgen_batch=128, fedgen_ratio_scaling=False, fedgen_label_counts="data",
                 fedgen_teacher_weighting="mean-product", clusamp_distance="l1", mu=0.01)
 
 
-@preset("fedmut-official")
+@preset("fedmut-official", repository="FedMut", reading="seed-code")
 def fedmut_official() -> dict[str, Any]:
     """FedMut's official code (github.com/HMHelloWorld/FedMut, utils/options.py) defaults.
 
     Where the code differs from the paper text: momentum 0.5 (--momentum), the LeNet-style
-    CNNCifar model ("lenet-cifar"), and uniform aggregation (Aggregation(w_locals, None)).
+    CNNCifar model ("lenet-cifar"); FedMut averages uniformly (Aggregation(w_locals, None), its
+    default weighting) and the baselines by client size (Aggregation(w_locals, lens)), each
+    method's own default (no ``weighting`` here: seed_code_baselines says why).
     Also from the code: 100 clients (--num_users), 10% per round (--frac 0.1), 5 local
     epochs, batch 50, lr 0.01, alpha 4.0 (--radius), beta0 0.3 (--mut_acc_rate), T_b 50
     (--mut_bound), FedProx mu 0.01 (--prox_alpha), Dirichlet 0.5 (--data_beta), 2000 rounds
@@ -183,12 +232,12 @@ def fedmut_official() -> dict[str, Any]:
     early rounds (FedMut at round 20: 43.1% against the code's 35.7%), and the code's scaling
     following the official curves within their seed spread (37.0%).
     """
-    return dict(_mutation_setup(), **seed_code_baselines(), algorithm="fedmut",
-                model="lenet-cifar", momentum=0.5, weighting="uniform", rounds=2000, alpha=4.0,
+    return dict(_mutation_setup(), **seed_code_baselines("cifar10", "FedMut"), algorithm="fedmut",
+                model="lenet-cifar", momentum=0.5, rounds=2000, alpha=4.0,
                 beta0=0.3, beta_rounds=50, data_options={"normalize": "fedmut-code"})
 
 
-@preset("fedmut-official-cifar100")
+@preset("fedmut-official-cifar100", repository="FedMut", reading="seed-code")
 def fedmut_official_cifar100() -> dict[str, Any]:
     """fedmut-official on CIFAR-100 with the 20 coarse labels the official code trains on.
 
@@ -204,13 +253,14 @@ def fedmut_official_cifar100() -> dict[str, Any]:
                 data_options={"coarse": True, "normalize": "fedmut-code"})
 
 
-@preset("fedqp-official")
+@preset("fedqp-official", repository="FedMut", reading="seed-code")
 def fedqp_official() -> dict[str, Any]:
     """FedQP (SEKE 2024) Table I as the seed authors' code would run it: fedmut-official with
     algorithm fedqp.
 
     FedQP's authors published no code; FedQP extends FedMut's (the same group), so this is the
-    FedMut official code's setting (lenet-cifar, momentum 0.5, uniform aggregation, T_b 50,
+    FedMut official code's setting (lenet-cifar, momentum 0.5, FedQP averaging uniformly as
+    FedMut does and the baselines by size, T_b 50,
     beta0 0.3, 2000 rounds) with FedQP's mutation range and projection probability left to
     flnotes' FedQP defaults (alpha 2.0, p 0.5: the paper gives neither; fedqp-paper says
     how they were chosen) and every baseline as the seed code runs it (seed_code_baselines:
@@ -223,14 +273,15 @@ def fedqp_official() -> dict[str, Any]:
     return values
 
 
-@preset("fedmr-official")
+@preset("fedmr-official", repository="FedMR", reading="seed-code")
 def fedmr_official() -> dict[str, Any]:
     """FedMR (KDD 2024) Table 1 as the seed authors' code runs it (their FedMR repository,
     utils/options.py defaults and the Algorithm/ files).
 
     From the code: 500 rounds (--epochs), 100 clients with 10% per round, 5 local epochs,
     batch 50, SGD lr 0.01 with momentum 0.5 (the paper says 0.9), the LeNet-style CNNCifar
-    ("lenet-cifar") for the CNN column, uniform aggregation, Dirichlet 0.5 (--data_beta),
+    ("lenet-cifar") for the CNN column, FedMR and FedMut averaging uniformly and the
+    baselines by client size (each method's default weighting), Dirichlet 0.5 (--data_beta),
     FedProx mu 0.01 (--prox_alpha); FedMut as that repository's defaults run it (--radius 5.0,
     --mut_acc_rate 0.3, --mut_bound 100); the baselines as seed_code_baselines says.
     Two-stage bound: the code recombines after round index iter >= --first_stage_bound
@@ -242,13 +293,13 @@ def fedmr_official() -> dict[str, Any]:
 
     Inputs scaled as the code scales them (utils/get_dataset.py): normalize="fedmut-code".
     """
-    return dict(_mutation_setup(), **seed_code_baselines(), algorithm="fedmr",
-                model="lenet-cifar", momentum=0.5, weighting="uniform", rounds=500,
-                stage1_rounds=0, segments=0, alpha=5.0, beta0=0.3, beta_rounds=100,
+    return dict(_mutation_setup(), **seed_code_baselines("cifar10", "FedMR"), algorithm="fedmr",
+                model="lenet-cifar", momentum=0.5, rounds=500,
+                stage1_rounds=0, segments=0, beta0=0.3,
                 data_options={"normalize": "fedmut-code"})
 
 
-@preset("fedmr-official-resnet20")
+@preset("fedmr-official-resnet20", repository="FedMR", reading="seed-code")
 def fedmr_official_resnet20() -> dict[str, Any]:
     """fedmr-official with ResNet-20 and the official code's --first_stage_bound 100 for the
     paper's 100-round first stage (Section 5.1); stage1_rounds 101: fedmr-official says why
@@ -259,7 +310,7 @@ def fedmr_official_resnet20() -> dict[str, Any]:
     return dict(fedmr_official(), model="resnet20", stage1_rounds=101)
 
 
-@preset("fedmr-official-vgg16")
+@preset("fedmr-official-vgg16", repository="FedMR", reading="seed-code")
 def fedmr_official_vgg16() -> dict[str, Any]:
     """fedmr-official with VGG-16 and the official code's --first_stage_bound 100 (Section
     5.1's first stage; stage1_rounds 101); flnotes' VGG-16 head is narrower than the code's
@@ -270,7 +321,7 @@ def fedmr_official_vgg16() -> dict[str, Any]:
     return dict(fedmr_official(), model="vgg16", stage1_rounds=101)
 
 
-@preset("fedqp-paper")
+@preset("fedqp-paper", repository="FedMut")
 def fedqp_paper() -> dict[str, Any]:
     """FedQP (SEKE 2024) Table I, CNN on CIFAR-10, as Section IV-A states it.
 
@@ -307,7 +358,7 @@ def fedqp_paper() -> dict[str, Any]:
                 mutation="sign", beta0=0.3, beta_rounds=50, mu=0.01)
 
 
-@preset("fedqp-paper-resnet18")
+@preset("fedqp-paper-resnet18", repository="FedMut")
 def fedqp_paper_resnet18() -> dict[str, Any]:
     """FedQP (SEKE 2024) Table II / ablation setting: ResNet-18, CIFAR-10, beta = 0.5.
 
@@ -320,7 +371,7 @@ def fedqp_paper_resnet18() -> dict[str, Any]:
     return dict(fedqp_paper(), model="resnet18", beta0=0.5)
 
 
-@preset("fedqp-paper-vgg16")
+@preset("fedqp-paper-vgg16", repository="FedMut")
 def fedqp_paper_vgg16() -> dict[str, Any]:
     """FedQP (SEKE 2024) Table I with VGG-16: as fedqp-paper (beta0 = 0.3, FedMut's value).
 
@@ -335,7 +386,7 @@ def fedqp_paper_vgg16() -> dict[str, Any]:
     return dict(fedqp_paper(), model="vgg16", beta0=0.3)
 
 
-@preset("fedmr-paper")
+@preset("fedmr-paper", repository="FedMR")
 def fedmr_paper() -> dict[str, Any]:
     """FedMR (KDD 2024) Section 5.1, CNN on CIFAR-10 (recombination from round 1).
 
@@ -354,7 +405,7 @@ def fedmr_paper() -> dict[str, Any]:
                 stage1_rounds=0, segments=0, mu=0.01)
 
 
-@preset("fedmr-paper-resnet20")
+@preset("fedmr-paper-resnet20", repository="FedMR")
 def fedmr_paper_resnet20() -> dict[str, Any]:
     """FedMR (KDD 2024) with ResNet-20: two-stage training, 100 rounds of FedAvg first.
 
@@ -367,7 +418,7 @@ def fedmr_paper_resnet20() -> dict[str, Any]:
     return dict(fedmr_paper(), model="resnet20", stage1_rounds=100)
 
 
-@preset("fedmr-paper-vgg16")
+@preset("fedmr-paper-vgg16", repository="FedMR")
 def fedmr_paper_vgg16() -> dict[str, Any]:
     """FedMR (KDD 2024) with VGG-16: two-stage training, 100 rounds of FedAvg first.
 
@@ -383,7 +434,7 @@ def fedmr_paper_vgg16() -> dict[str, Any]:
     return dict(fedmr_paper(), model="vgg16", stage1_rounds=100)
 
 
-@preset("fedmr-paper-cifar100")
+@preset("fedmr-paper-cifar100", repository="FedMR")
 def fedmr_paper_cifar100() -> dict[str, Any]:
     """FedMR (KDD 2024) Table 1 on CIFAR-100 with the CNN: FedProx mu = 0.001.
 
@@ -396,7 +447,7 @@ def fedmr_paper_cifar100() -> dict[str, Any]:
     return dict(fedmr_paper(), dataset="cifar100", mu=0.001)
 
 
-@preset("fedmr-paper-femnist")
+@preset("fedmr-paper-femnist", repository="FedMR")
 def fedmr_paper_femnist() -> dict[str, Any]:
     """FedMR (KDD 2024) Table 1 on FEMNIST: 180 writers with over 100 samples each.
 

@@ -48,6 +48,12 @@ from typing import Any
 
 import yaml
 
+from flnotes.config.presets import (
+    BASELINE_READING,
+    SEED_REPOSITORY,
+    preset_values,
+    seed_code_baselines,
+)
 from flnotes.messages import did_you_mean
 from flnotes.repro import PACKAGE_DIR, SWEEP_DIR
 
@@ -575,11 +581,9 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
 
 def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dict[str, Any]:
     """Notebook parameters of a cell: its preset's fields, then each layer in order on top."""
-    from flnotes.config.presets import preset_values, seed_code_baselines
-
     preset = next((layer["preset"] for layer in reversed(layers) if "preset" in layer), None)
     reading = next((layer["baselines"] for layer in reversed(layers) if "baselines" in layer),
-                   "paper")
+                   BASELINE_READING.get(preset, "paper"))
     if reading not in BASELINE_READINGS:
         raise ValueError(f"baselines: {reading!r} is not one of {list(BASELINE_READINGS)} "
                          "(paper: each baseline's own paper; seed-code: as the seed papers' "
@@ -589,7 +593,11 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
     if preset is not None or reading == "seed-code":
         values = preset_values(preset) if preset is not None else {}
         if reading == "seed-code":  # over the preset's values, under everything set explicitly
-            values.update(seed_code_baselines())
+            # The seed code picks some values by the dataset a cell finally runs (FedGen's in
+            # the FedMR repository), so that of the last layer naming one.
+            dataset = next((layer["dataset"] for layer in reversed(layers)
+                            if "dataset" in layer), values.get("dataset"))
+            values.update(seed_code_baselines(dataset, SEED_REPOSITORY.get(preset) or "FedMR"))
         values.pop("algorithm", None)  # the grid chooses the methods
         for key, value in values.items():
             if known is None or key in known:

@@ -62,18 +62,20 @@ def baseline_reading(config: dict) -> str:
     method's defaults, i.e. from its own paper), else ''. Tables mark which reading a cell
     used, since a seed table's baseline numbers come from the seed code's reading."""
     from flnotes.algorithms import algorithm_class, algorithm_names, settings_of
-    from flnotes.config.presets import seed_code_baselines
+    from flnotes.config.presets import SEED_REPOSITORIES, seed_code_baselines
 
     algorithm = config.get("algorithm")
     if algorithm not in algorithm_names():
         return ""
     own = settings_of(algorithm)
-    variant = {k: v for k, v in seed_code_baselines().items()
-               if k in own and own[k].default != v}
-    present = {k: v for k, v in variant.items() if k in config}  # an older folder lacks some
-    if present and all(_same(config[k], v) for k, v in present.items()):
-        label = algorithm_class(algorithm).label or algorithm
-        return f"{label} as the seed code ran it (*-official presets), not its paper's"
+    for repository in SEED_REPOSITORIES:  # the two repositories' values differ by dataset
+        variant = {k: v for k, v in seed_code_baselines(config.get("dataset"),
+                                                        repository).items()
+                   if k in own and own[k].default != v}
+        present = {k: v for k, v in variant.items() if k in config}  # an older folder lacks some
+        if present and all(_same(config[k], v) for k, v in present.items()):
+            label = algorithm_class(algorithm).label or algorithm
+            return f"{label} as the seed code ran it (*-official presets), not its paper's"
     return ""
 
 
