@@ -14,6 +14,7 @@ from flnotes.algorithms.clusamp import (
     DISTANCES,
     cluster_distributions,
     distance_matrix,
+    draw,
     tree_cut,
     ward_tree,
 )
@@ -157,6 +158,7 @@ def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
              for d in ("full", "part")]
     assert torch.equal(saved[0]["updates"], saved[1]["updates"])  # the clustering's input
     assert saved[0]["updates"].abs().sum() > 0
+    assert "kept_distances" not in saved[0]  # the default keeps no seed-code matrix
 
 
 def test_runs_on_the_toy():
@@ -238,3 +240,118 @@ def test_distances_against_pair_by_pair_formulas(distance, monkeypatch):
         monkeypatch.setattr(clusamp, "CHUNK", chunk)
         torch.testing.assert_close(distance_matrix(u, distance), expected, rtol=1e-9,
                                    atol=1e-9)
+
+
+# ---- the seed code's variant (HMHelloWorld/FedMR main_fed.py ClusteredSampling) ----------
+
+
+def test_samples_aggregation_weighs_each_draw_by_its_size_as_the_seed_code():
+    """clusamp_aggregation="samples": sum_k n_(l_k) theta_(l_k) / sum_k n_(l_k) over the
+    draws, a repeat counted twice (the code's Aggregation(w_locals, lens)); the default
+    stays 1/m per draw."""
+    sizes = {0: 10, 2: 30, 3: 5}
+    picks = [0, 2, 0, 3]  # client 0 drawn by two of the m = 4 distributions
+    thetas = {0: torch.tensor([3.0, 0.0]), 2: torch.tensor([0.0, 6.0]),
+              3: torch.tensor([1.0, 1.0])}
+    results = [ClientResult(c, OrderedDict(w=thetas[c]), sizes[c], 0.0) for c in (0, 2, 3)]
+    by_size = [sum(sizes[c] * thetas[c][d].item() for c in picks) / sum(sizes[c] for c in picks)
+               for d in range(2)]
+    by_draw = [sum(thetas[c][d].item() for c in picks) / len(picks) for d in range(2)]
+    assert by_size != by_draw  # unequal sizes: the two readings differ here
+    for aggregation, expected in (("samples", by_size), ("draws", by_draw), (None, by_draw)):
+        fields = {} if aggregation is None else {"clusamp_aggregation": aggregation}
+        strategy = strategy_for(4, 4, dim=2, **fields)
+        strategy.draw_counts = {c: picks.count(c) for c in set(picks)}
+        new = strategy.aggregate(1, results)
+        torch.testing.assert_close(new["w"], torch.tensor(expected), rtol=1e-6, atol=1e-6)
+
+    # Through a real selection: the weights follow the draws select_clients made.
+    n, m = 6, 4
+    all_sizes = [40, 3, 25, 7, 11, 2]
+    strategy = strategy_for(n, m, dim=2, clusamp_aggregation="samples")
+    chosen = strategy.select_clients(1, all_sizes, m, torch_generator(0, "sample", 1))
+    assert sorted(set(strategy.picks)) == chosen and len(strategy.picks) == m
+    locals_ = {c: torch.tensor([float(c), 1.0 + c * c]) for c in chosen}
+    new = strategy.aggregate(1, [ClientResult(c, OrderedDict(w=locals_[c]), all_sizes[c], 0.0)
+                                 for c in chosen])
+    hand = sum(all_sizes[c] * locals_[c] for c in strategy.picks) / sum(all_sizes[c]
+                                                                         for c in strategy.picks)
+    torch.testing.assert_close(new["w"], hand)
+
+
+def test_seed_code_similarity_updates_only_the_last_drawn_clients_column():
+    """clusamp_similarity="seed-code": the full matrix at round 1 (zero updates: all zero),
+    then each round only the entries (i, last draw) for the drawn i, in draw order, from the
+    new updates (utils/clustering.py l.118-130); the next round's distributions come from
+    that kept, asymmetric matrix, not from all pairs of the current updates."""
+    n, m, dim = 8, 3, 4
+    sizes = [30, 5, 12, 40, 8, 9, 20, 14]
+    strategy = strategy_for(n, m, dim=dim, clusamp_similarity="seed-code",
+                            clusamp_distance="l1")
+    gen = torch.Generator().manual_seed(11)
+    expected = torch.zeros(n, n, dtype=torch.float64)
+    updates = {}
+
+    def l1(a, b):
+        return sum(abs(x - y) for x, y in zip(a.tolist(), b.tolist(), strict=True))
+
+    for rnd in (1, 2):
+        rows = cluster_distributions(tree_cut(ward_tree(expected), sizes, m), sizes, m)
+        assert strategy.distributions(sizes, m) == rows  # from the kept matrix
+        chosen = strategy.select_clients(rnd, sizes, m, torch_generator(3, "sample", rnd))
+        picks = strategy.picks
+        # draw order: one pick from each r_k, r_1's first (the hand draw from the same rows)
+        assert picks == draw(rows, sum(sizes), torch_generator(3, "sample", rnd))
+        assert chosen == sorted(set(picks))
+        start = strategy.global_state["w"].clone()
+        results = []
+        for c in chosen:
+            local = start + torch.randn(dim, generator=gen)
+            updates[c] = local - start  # theta_i - theta, as the server sees it
+            results.append(ClientResult(c, OrderedDict(w=local), sizes[c], 0.0))
+        strategy.aggregate(rnd, results)
+        last = picks[-1]
+        for i in picks:  # the only entries that change this round
+            expected[i, last] = l1(updates[i], updates[last])
+        kept = strategy.kept_distances["matrix"]
+        assert kept.dtype == torch.float64
+        torch.testing.assert_close(kept, expected, rtol=1e-9, atol=1e-9)
+    assert len(set(picks)) > 1 and not torch.equal(kept, kept.T)  # asymmetric
+    # The next round's distributions come from the kept matrix; all pairs of the current
+    # updates (the paper's reading) would give other ones here.
+    rows = cluster_distributions(tree_cut(ward_tree(expected), sizes, m), sizes, m)
+    assert strategy.distributions(sizes, m) == rows
+    full = distance_matrix(strategy.updates, "l1")
+    assert cluster_distributions(tree_cut(ward_tree(full), sizes, m), sizes, m) != rows
+    # the default reads all pairs of the current updates and keeps no matrix
+    paper = strategy_for(n, m, dim=dim, clusamp_distance="l1")
+    paper.updates = strategy.updates.clone()
+    assert paper.distributions(sizes, m) == cluster_distributions(
+        tree_cut(ward_tree(full), sizes, m), sizes, m)
+    assert paper.kept_distances is None and "kept_distances" not in paper.state_dict()
+
+
+def test_seed_code_variant_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
+    config = tiny_config.replace(algorithm="clusamp", rounds=5, checkpoint_every=2,
+                                 clusamp_aggregation="samples", clusamp_similarity="seed-code",
+                                 clusamp_distance="l1")
+    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
+    part = str(tmp_path / "part")
+    run(config.replace(rounds=3, run_dir=part), progress=False)
+    resumed = run(config.replace(run_dir=part), progress=False)
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert [r["accuracy"] for r in full.rows] == [r["accuracy"] for r in resumed.rows]
+    assert [r["clusters"] for r in full.rows] == [r["clusters"] for r in resumed.rows]
+    saved = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["strategy"]
+             for d in ("full", "part")]
+    kept = [s["kept_distances"]["matrix"] for s in saved]
+    assert kept[0].dtype == torch.float64 and torch.equal(kept[0], kept[1])
+    assert kept[0].abs().sum() > 0 and not torch.equal(kept[0], kept[0].T)
+    assert torch.equal(saved[0]["updates"], saved[1]["updates"])
+
+
+@pytest.mark.parametrize("field, value", [("clusamp_aggregation", "mean"),
+                                          ("clusamp_similarity", "sparse")])
+def test_config_rejects_an_unknown_seed_code_choice(field, value):
+    with pytest.raises(ValueError, match=field):
+        RunConfig(algorithm="clusamp", **{field: value}).resolved()
