@@ -111,6 +111,19 @@ def test_the_committed_evidence_lands_in_the_cnn_rows(capsys):
     assert line.startswith("not placed: 4 runs")
 
 
+def test_a_loose_run_in_no_printed_table_is_named_once(tmp_path):
+    """Printing every table, a run made outside any sweep is not reported under each table,
+    only once if no table has its cell."""
+    loose = write_run(tmp_path / "fmnist", official(dataset="fashion-mnist"), [40.0])
+    write_run(tmp_path / "ok", official(), [40.0])
+    runs = tables.one_per_run(tables.collect_runs(tmp_path))
+    papers = {name: tables.load_paper_table(name) for name in ("fedmut_table1", "fml_table1")}
+    assert tables.unplaced(papers["fml_table1"], runs, "fml_table1", untagged=False) == []
+    assert tables.placed_nowhere(papers, runs) == [
+        f"not placed: run {loose}: no printed table has a cell Fashion-MNIST / CNN / dir=0.5 "
+        "/ FedMut"]
+
+
 # --- of two folders of one run, the completed one ---------------------------------------------
 
 CONFIG = {"dataset": "cifar10", "model": "cnn", "partition": "dirichlet", "dirichlet_alpha": 0.1,
@@ -164,4 +177,3 @@ def test_a_partial_run_counts_only_where_no_completed_one_exists(tmp_path, capsy
     write_run(tmp_path / "d", CONFIG, [40.0] * 5, when=OLD)
     (run,) = figures.load_runs(tmp_path)
     assert run.run_dir == str(newest)
-    capsys.readouterr()

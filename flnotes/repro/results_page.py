@@ -19,7 +19,9 @@ folder gives the same page. It holds
   average only, or not), with a marked place for the lead's own words.
 
 Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
-rounds they have, and the page says how far each got.
+rounds they have, and the page says how far each got. Of two folders of one run, the page
+uses the one ``tables`` uses (the completed one before a newer failed or interrupted one;
+``flnotes.repro.tables.one_per_run``, through ``figures.load_runs``).
 """
 
 from __future__ import annotations

@@ -397,7 +397,7 @@ def placed_nowhere(papers: dict[str, pd.DataFrame], runs: pd.DataFrame) -> list[
     for _, run in loose.iterrows():
         if all(_miss(run, paper, name) is not None for name, paper in papers.items()):
             key = " / ".join(str(run[k]) for k in KEY)
-            reasons.setdefault(f"no cell of any printed table is {key}", []).append(
+            reasons.setdefault(f"no printed table has a cell {key}", []).append(
                 str(run["run_dir"]))
     return _grouped(reasons)
 
