@@ -1,11 +1,15 @@
 """Sweeps: running cells, resume, failures, device slots, papermill injection."""
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
 from helpers import write_grid, write_notebook
 
+from flnotes.cli.main import main
+from flnotes.engine.run_folder import DiskFullError
 from flnotes.repro import sweep
 from flnotes.repro.grid import load_grid
 
@@ -87,3 +91,44 @@ def test_reproduction_notebook_takes_injected_parameters(tmp_path):
     assert (config["lr"], config["num_clients"], config["rounds"]) == (0.07, 4, 1)
     assert config["weighting"] == "uniform"
     assert len((out / "runs" / "fedavg" / "seed0" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def _disk_full_for(monkeypatch, name: str) -> None:
+    """Writing a sweep file called ``name`` finds the disk full halfway."""
+    real = sweep.write_atomically
+
+    def full(path, write):
+        if Path(path).name != name:
+            return real(path, write)
+
+        def half(f):
+            f.write(b"half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, half)
+
+    monkeypatch.setattr(sweep, "write_atomically", full)
+
+
+def test_a_full_disk_on_the_summary_is_one_line_and_the_sweep_goes_on(tmp_path, notebook,
+                                                                    monkeypatch, capsys):
+    grid_file = write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [40]},
+                                      "fixed": {"fail": False}, "seeds": [0]})
+    out = tmp_path / "out"
+    _disk_full_for(monkeypatch, "summary.csv")
+    assert main(["sweep", str(grid_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: disk full: cannot write {out / 'summary.csv'} (no space left on "
+                   f"the device); free some space, then {sweep.SWEEP_RESUMES}"), err
+    assert not (out / "summary.csv").exists() and not list(out.rglob("*.tmp"))
+    monkeypatch.undo()
+    assert main(["sweep", str(grid_file), "--out", str(out)]) == 0
+    assert "skipped (done)" in (out / "summary.csv").read_text()
+
+
+def test_a_full_disk_on_a_cell_record_names_it(tmp_path, notebook, monkeypatch):
+    grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [40]},
+                                           "fixed": {"fail": False}, "seeds": [0]}))
+    _disk_full_for(monkeypatch, "cell.json")
+    with pytest.raises(DiskFullError, match=r"^disk full: cannot write .*cell\.json "):
+        sweep.run_sweep(grid, tmp_path / "out", progress=False)
+    assert not list((tmp_path / "out").rglob("*.tmp"))

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from flnotes.engine.client_state import write_atomically
+from flnotes.engine.run_folder import NO_SPACE, disk_full
 from flnotes.engine.tracking import logger_environment, prepare_store
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
@@ -125,7 +127,12 @@ def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it sends SIGTERM
     _die_with_parent(parent)
     _pin_worker(device, threads)
-    run_cell(*job)
+    try:
+        run_cell(*job)
+    except ValueError as err:  # cell.json not written (a full disk): one line, no traceback;
+        # the sweep records the cell (or stops on the same disk with its own line)
+        print(f"sweep: cell {cell['id']}: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
@@ -185,10 +192,26 @@ def _environment(**values: str):
                 os.environ[k] = v
 
 
+# How a sweep stopped by a full disk goes on (a cell's run folders resume on their own).
+SWEEP_RESUMES = ("run the same sweep command again: completed cells are kept and the others "
+                 "run (their run folders resume)")
+
+
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    _write_file(path, json.dumps(obj, indent=2, default=str).encode())
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write a sweep's file whole or not at all; a full disk is the one line that says so
+    (which file, how the sweep goes on), another failure an OSError naming the file."""
+    try:
+        write_atomically(path, lambda f: f.write(data))
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            raise disk_full(path, SWEEP_RESUMES) from None
+        if err.filename:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
 
 
 def _read_record(path: Path) -> dict | None:
@@ -315,11 +338,11 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
                 records[cell.id] = {**meta, **vars(cell), "status": "interrupted" if started
                                     else "not started"}
         summary = summarise([records[c.id] for c in cells], out)
-        summary.to_csv(out / "summary.csv", index=False)
+        _write_file(out / "summary.csv", summary.to_csv(index=False).encode())
         raise SweepInterrupted(summary, stop) from None
     bar.close()
     summary = summarise([records[c.id] for c in cells if c.id in records], out)
-    summary.to_csv(out / "summary.csv", index=False)
+    _write_file(out / "summary.csv", summary.to_csv(index=False).encode())
     return summary
 
 
