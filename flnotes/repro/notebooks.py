@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flnotes.engine.client_state import write_atomically
+from flnotes.engine.run_folder import NO_SPACE, disk_full
 from flnotes.repro import NOTEBOOK_DIR
 from flnotes.repro.kernel import current_kernel
 
@@ -59,9 +61,16 @@ def run_teaching_notebooks(out: Path, parameters: dict | None = None,
 
 def copy_notebooks(dest: Path, force: bool = False) -> list[Path]:
     """Copy the notebook series (and its README) into ``dest`` to open in Jupyter; a file
-    already there is kept unless ``force`` (a student's edits are not overwritten)."""
-    import shutil
+    already there is kept unless ``force`` (a student's edits are not overwritten).
 
+    Each copy is written whole or not at all (a temporary file in ``dest``, then renamed):
+    a half-written notebook would be "kept" by the next call as if it were the student's.
+    A copy that fails is one error naming the file in ``dest``; the next call copies it.
+    """
+    if not str(dest).strip() or "\0" in str(dest):
+        # Path("") is the current folder: the series would land among whatever is there.
+        raise ValueError(f"{str(dest)!r:.80} is not a folder's name; name the folder to copy "
+                         "the notebooks into")
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"{dest} is a file, not a folder; name a folder to copy the "
@@ -74,6 +83,19 @@ def copy_notebooks(dest: Path, force: bool = False) -> list[Path]:
         if target.exists() and not force:
             print(f"kept {target} (already there; --force replaces it)")
             continue
-        shutil.copyfile(source, target)
+        _copy(source, target)
         copied.append(target)
     return copied
+
+
+def _copy(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` atomically; a failed write is an error about the target
+    (the package's own file is not what the user can fix)."""
+    data = source.read_bytes()
+    try:
+        write_atomically(target, lambda f: f.write(data))
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            raise disk_full(target, "run the same command again: the files copied stay and "
+                            "the others are copied") from None
+        raise OSError(err.errno, err.strerror or str(err), str(target)) from None
