@@ -105,10 +105,13 @@ def test_runs_of_another_tables_sweep_are_named_once(tmp_path, capsys):
 def test_the_committed_evidence_lands_in_the_cnn_rows(capsys):
     evidence = Path(__file__).resolve().parent.parent / "results" / "cifar10-lenet"
     out, _ = tables_output(evidence, capsys)
-    assert "== fedmut_table1: 4 of 120 cells run" in out
-    # the FedQP runs of that sweep: FedMut's Table 1 has no FedQP column
-    (line,) = [x for x in out.splitlines() if "FedQP" in x and "no column" in x]
-    assert line.startswith("not placed: 4 runs")
+    # its CIFAR-10 / CNN / dir=0.1 and iid cells of FedAvg and FedMut at least (the folder
+    # grows as the evidence grid gets more methods and seeds)
+    (head,) = [x for x in out.splitlines() if x.startswith("== fedmut_table1:")]
+    assert int(head.split()[2]) >= 4
+    # its FedQP runs: FedMut's Table 1 has no FedQP column
+    (line,) = [x for x in out.splitlines() if "method FedQP" in x and "no column" in x]
+    assert line.startswith("not placed: ") and "runs (" in line
 
 
 def test_a_loose_run_in_no_printed_table_is_named_once(tmp_path):
