@@ -155,3 +155,26 @@ def test_fedexp_steps_as_the_seed_code_with_data_shares():
         assert strategy.round_metrics(None)["server_step"] == pytest.approx(eta, rel=1e-9)
         torch.testing.assert_close(strategy.iterate["w"].double(), eta * grad_avg,
                                    rtol=1e-6, atol=1e-7)
+
+
+def test_clusamp_draws_by_data_share_and_averages_by_size_as_the_seed_code():
+    """main_fed.py l.111-112 (importance n_i / n), l.146-160 (the drawn clients, a repeat
+    twice, averaged by Aggregation(w_locals, lens)); clustering by L1 with the code's
+    one-entry similarity update."""
+    sizes = dirichlet_sizes(8)
+    state = OrderedDict(build_model("mlp", 10, (1, 28, 28)).state_dict())
+    for config in both_routes("clusamp"):
+        assert (config.clusamp_distance, config.clusamp_aggregation,
+                config.clusamp_similarity) == ("l1", "samples", "seed-code")
+        strategy = build_strategy(config, state)
+        chosen = strategy.select_clients(1, sizes, 4, torch.Generator().manual_seed(0))
+        assert strategy.importance(sizes) == sizes  # p_i = n_i / n
+        results = round_of_results(state, [sizes[c] for c in chosen])
+        results = [ClientResult(c, r.state, r.num_samples, 0.0)
+                   for c, r in zip(chosen, results, strict=True)]
+        new = strategy.aggregate(1, results)
+        lens = [sizes[c] for c in strategy.picks]  # every draw, repeats included
+        states = {r.client: r.state for r in results}
+        hand = seed_code_aggregation([states[c] for c in strategy.picks], lens)
+        for k in hand:
+            torch.testing.assert_close(new[k].double(), hand[k], rtol=1e-6, atol=1e-7)

@@ -198,7 +198,8 @@ def seed_code_baselines(dataset: str | None = "cifar10",
                 **fedgen, fedgen_decay=1.0, fedgen_noise="uniform",
                 fedgen_noise_dim=100, fedgen_fresh_optimizer=True, fedgen_server_batch=128,
                 fedgen_batch=128, fedgen_ratio_scaling=False, fedgen_label_counts="data",
-                fedgen_teacher_weighting="mean-product", clusamp_distance="l1", mu=0.01)
+                fedgen_teacher_weighting="mean-product", clusamp_distance="l1",
+                clusamp_aggregation="samples", clusamp_similarity="seed-code", mu=0.01)
 
 
 @preset("fedmut-official", repository="FedMut", reading="seed-code")
