@@ -4,6 +4,8 @@ by colour alone, and notebook prose that contradicts the numbers printed above i
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgba_array  # noqa: E402
 
+from flnotes import plots as shared_plots  # noqa: E402
 from flnotes.repro import figures  # noqa: E402
 from flnotes.toy import landscapes  # noqa: E402
 from flnotes.toy import plots as toy_plots  # noqa: E402
@@ -35,6 +38,10 @@ def _tick_labels(axis) -> list[str]:
     lo, hi = sorted(axis.get_view_interval())
     return [t.get_text() for t in axis.get_ticklabels()
             if t.get_text() and lo <= t.get_position()[axis.axis_name == "y"] <= hi]
+
+
+def _notebook(name: str) -> list[dict]:
+    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
 
 
 # ---- notebook 04: endpoint dots --------------------------------------------------------------
@@ -92,3 +99,116 @@ def test_a_tie_below_the_best_and_a_clear_win_keep_their_verdicts():
     (both,) = figures.summary(fig12, [("p", [_line("FedMR-0", 10.0), _line("FedMR-50", 12.0),
                                              _line("FedMR-100", 12.0)])])
     assert "the paper's ordering holds" in both
+
+
+# ---- notebook 22: captions inside the canvas, readable -----------------------------------------
+
+
+NOTEBOOK_22_DPI = 72  # the parameter notebook 22 shows its figures at (checked below)
+
+
+def test_notebook_22_shows_figures_at_the_dpi_tested_here():
+    source = "".join(_notebook("22_paper_figures")[1]["source"])
+    assert int(re.search(r"dpi: int = (\d+)", source).group(1)) >= NOTEBOOK_22_DPI
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+@pytest.mark.parametrize("dpi", [NOTEBOOK_22_DPI, 120])  # notebook 22's, the command line's
+def test_caption_lies_inside_the_figure_and_is_readable(name, dpi):
+    figure = figures.FIGURES[name]
+    folder = SMOKE / Path(figure.grid.split()[0]).stem
+    fig, _ = figures.draw(figure, figures.load_runs(folder))
+    fig.set_dpi(dpi)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    canvas = fig.bbox
+    (caption,) = [t for t in fig.texts if t.get_gid() == "caption"]
+    box = caption.get_window_extent(renderer)
+    assert canvas.x0 <= box.x0 and box.x1 <= canvas.x1, (name, box, canvas)
+    assert canvas.y0 <= box.y0 and box.y1 <= canvas.y1, (name, box, canvas)
+    assert caption.get_fontsize() * dpi / 72 >= 8, "caption glyphs under 8 px"
+    for ax in fig.axes:  # and it covers no panel (tick labels and axis labels included)
+        if ax.get_visible():
+            assert ax.get_tightbbox(renderer).y0 >= box.y1, (name, ax.get_title())
+
+
+# ---- readable ticks ----------------------------------------------------------------------------
+
+
+def _race_rows(losses):
+    return [{"algorithm": name, "x": 0.0, "y": 0.0, "accuracy": float(i % 2),
+             "loss": loss, "sharpness": 1.0 + i % 3}
+            for name in ("fedavg", "fedmut") for i, loss in enumerate(losses)]
+
+
+@pytest.mark.parametrize("losses", [np.linspace(-0.93, 0.6, 20), np.linspace(-0.93, 40.0, 20)])
+def test_race_loss_panel_has_enough_plain_tick_labels(losses):
+    fig = toy_plots.plot_race(_race_rows(losses))
+    fig.canvas.draw()
+    labels = _tick_labels(fig.axes[1].yaxis)
+    assert len(labels) >= 4, labels
+    assert not any("$" in t or "10^" in t for t in labels), labels
+
+
+@pytest.mark.parametrize("low,high", [(1.0, 1.5), (0.3, 2000.0)])
+def test_log_axis_reads_as_plain_decimals(low, high):
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [low, high])
+    ax.set_yscale("log")
+    shared_plots.plain_log_ticks(ax)
+    fig.canvas.draw()
+    labels = _tick_labels(ax.yaxis)
+    assert len(labels) >= 3, labels
+    assert not any("$" in t or "times" in t for t in labels), labels
+    assert [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()] == []
+
+
+# ---- methods told apart by more than colour ----------------------------------------------------
+
+
+class _History:
+    def __init__(self, algorithm, values):
+        self.config = {"algorithm": algorithm}
+        self.values = values
+
+    def rounds_of(self, metric):
+        return list(range(1, len(self.values) + 1))
+
+    def metric(self, metric):
+        return self.values
+
+
+def _differ_beyond_colour(lines) -> None:
+    styles = [(line.get_linestyle(), line.get_marker()) for line in lines]
+    assert len(set(styles)) == len(styles), styles
+    for line in lines:  # the colours themselves from the colour-blind-safe palette
+        assert matplotlib.colors.to_hex(line.get_color()) in shared_plots.PALETTE
+
+
+def test_learning_curves_differ_in_line_style_and_marker():
+    fig = shared_plots.plot_learning_curves([_History("fedavg", [0.1, 0.2, 0.3]),
+                                             _History("fedmut", [0.1, 0.3, 0.4]),
+                                             _History("fedqp", [0.2, 0.3, 0.5])])
+    _differ_beyond_colour(fig.axes[0].get_lines())
+    legend = fig.axes[0].get_legend().legend_handles
+    assert len({(h.get_linestyle(), h.get_marker()) for h in legend}) == 3
+
+
+def test_paper_figures_lines_differ_beyond_colour_and_keep_one_style_per_line():
+    figure = figures.FIGURES["fedmut-fig5"]
+    fig, _ = figures.draw(figure, figures.load_runs(SMOKE / "fedmut_table1"))
+    seen: dict[str, tuple] = {}
+    for ax in fig.axes:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        if lines:
+            _differ_beyond_colour(lines)
+        for line in lines:  # FedMut looks the same in every panel
+            style = (line.get_color(), line.get_linestyle(), line.get_marker())
+            assert seen.setdefault(line.get_label(), style) == style
+
+
+def test_toy_slices_differ_beyond_colour():
+    fed = landscapes.make_federation("fedmut-fig1")
+    fig = toy_plots.plot_slices({"global": fed.global_loss, "client 0": fed.clients[0]},
+                                (-2.0, -1.0), (2.0, -1.0))
+    _differ_beyond_colour(fig.axes[0].get_lines())

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flnotes.plots import line_style, markevery
 from flnotes.repro import tables
 
 # ---------------------------------------------------------------- runs and curves
@@ -418,8 +419,32 @@ def _verdict(figure: Figure, last: dict[str, float]) -> str:
     return f"; a tie, not the paper's ordering ({named} tie for best at {top:.2f})"
 
 
+# The caption under a figure: monospace (its lines wrapped to a width in characters), at a
+# size that stays readable at the 72 dpi notebook 22 shows figures at (8 pt = 8 px there).
+CAPTION_FONT = {"family": "monospace", "size": 8.0}
+CAPTION_LINE = 1.25  # line height, in font sizes (matplotlib's linespacing 1.2 and a margin)
+CAPTION_MARGIN = 0.12  # inches between the caption and the canvas's left and bottom edges
+
+
+def caption_width(fig, margin: float = CAPTION_MARGIN) -> int:
+    """How many caption characters fit on one line of ``fig``, from the width its renderer
+    gives a run of monospace characters (in inches, so at any dpi the figure is saved at)."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    sample = "M" * 50
+    width_px, _, _ = renderer.get_text_width_height_descent(
+        sample, FontProperties(**CAPTION_FONT), ismath=False)
+    per_char = width_px / fig.dpi / len(sample)
+    return max(20, int((fig.get_figwidth() - 2 * margin) / per_char) - 1)
+
+
 def draw(figure: Figure, runs: list[Run]):
     """The figure in the paper's layout, with the paper's caption and claim and ours below.
+
+    The caption is wrapped to the figure's width and the figure made tall enough for it, so
+    it lies inside the canvas whatever the dpi or bounding box it is saved with. Each line
+    keeps one colour, line style and marker in every panel (``flnotes.plots.line_style``).
 
     Returns (matplotlib Figure, caption lines)."""
     import matplotlib
@@ -436,13 +461,19 @@ def draw(figure: Figure, runs: list[Run]):
     panels = [(t, lines) for t, lines in panels if lines] or panels
     columns = min(len(panels), 3)
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.3 * rows + 1.8),
+    # One panel alone is drawn wider: its caption has room then, in fewer lines.
+    width, plots_height, title_height = max(4.2 * columns, 6.4), 3.3 * rows, 0.3
+    fig, axes = plt.subplots(rows, columns, figsize=(width, plots_height + title_height),
                              squeeze=False)
+    labels = list(dict.fromkeys(line.label for _, lines in panels for line in lines))
+    styles = {label: line_style(k) for k, label in enumerate(labels)}
     for ax, (title, lines) in zip(axes.flat, panels, strict=False):
         for line in lines:
-            (drawn,) = ax.plot(line.rounds, line.mean, lw=1.4, label=line.label)
+            style = styles[line.label]
+            ax.plot(line.rounds, line.mean, lw=1.4, ms=4, label=line.label,
+                    markevery=markevery(len(line.rounds)), **style)
             if line.seeds > 1:
-                ax.fill_between(line.rounds, line.low, line.high, color=drawn.get_color(),
+                ax.fill_between(line.rounds, line.low, line.high, color=style["color"],
                                 alpha=0.2, lw=0)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no round 2.5
@@ -455,10 +486,18 @@ def draw(figure: Figure, runs: list[Run]):
     ours = summary(figure, panels)
     caption = caption_lines(figure, ours)
     fig.suptitle(f"{figure.paper} {figure.number}: ours", fontsize=11)
-    text = "\n".join(textwrap.fill(line, 40 * columns + 40) for line in caption[1:])
-    fig.text(0.01, 0.01, text, fontsize=6.5, va="bottom", ha="left", family="monospace")
-    bottom = min(0.6, (text.count("\n") + 1) * 0.11 / (3.3 * rows + 1.8))
-    fig.tight_layout(rect=(0, bottom + 0.02, 1, 0.95))
+    chars = caption_width(fig)
+    text = "\n".join(textwrap.fill(line, chars, subsequent_indent="  ")
+                     for line in caption[1:])
+    # The canvas grows by the caption's height, the panels keep theirs.
+    caption_height = ((text.count("\n") + 1) * CAPTION_LINE * CAPTION_FONT["size"] / 72
+                      + 2 * CAPTION_MARGIN)
+    height = plots_height + title_height + caption_height
+    fig.set_size_inches(width, height)
+    fig.text(CAPTION_MARGIN / width, CAPTION_MARGIN / height, text, va="bottom", ha="left",
+             fontdict=CAPTION_FONT, gid="caption")
+    # (tight_layout leaves the suptitle its room itself)
+    fig.tight_layout(rect=(0, caption_height / height, 1, 1))
     return fig, caption
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from flnotes.plots import line_style, plain_symlog_ticks
 from flnotes.rng import seeded_numpy_global
 
 # ---- 2-D toy landscapes ---------------------------------------------------------------------
@@ -177,10 +178,12 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
 
     fig, ax = _axes(ax, figsize=(6.4, 3.6))
     axis = 0 if float(end[0]) != float(start[0]) else 1
-    for label, fn in fns.items():
+    for index, (label, fn) in enumerate(fns.items()):
         t, losses = line_slice(fn, start, end, extend=extend)
         coord = float(start[axis]) + t * (float(end[axis]) - float(start[axis]))
-        ax.plot(coord.numpy(), losses.numpy(), label=label)
+        # each line its own style and marker, not only its colour (line_style)
+        ax.plot(coord.numpy(), losses.numpy(), label=label, ms=4,
+                markevery=max(1, len(coord) // 10), **line_style(index))
     ax.set_xlabel("xy"[axis] + f"  (slice from {tuple(start)} to {tuple(end)})")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
@@ -831,6 +834,7 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
         sns.stripplot(data=frame, x="algorithm", y="sharpness", order=order, ax=axes[2],
                       size=3, alpha=0.6, jitter=0.25)
     axes[1].set_yscale("symlog", linthresh=1.0)  # runs that drift far out have huge losses
+    plain_symlog_ticks(axes[1], linthresh=1.0)  # its own ticks: -1 and 0 alone, as 10^0
     axes[1].set_ylabel("final loss (symlog)")
     axes[1].set_title("final global loss, one dot per run (the valley's floor: about -0.93)",
                       fontsize=10)
