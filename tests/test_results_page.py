@@ -115,23 +115,29 @@ def test_differences_beside_the_papers(results):
     page, _ = results_page.build_page(results)
     text = page.read_text()
     mut = row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "dir=0.1", "FedMut − FedAvg")
-    # per seed at round 200: +2.00 and +3.00; FedMut Table 1: 51.25 - 47.93 = +3.32
-    assert "| +2.50 ± 0.71 | 0: 200, +2.00; 1: 200, +3.00 | +3.32 |" in mut
+    # The offsets are constant over rounds, so each seed's late difference is its offset:
+    # +2.00 and +3.00, ahead at all 10 evaluations of rounds 155-200; spread 1.00, both above
+    # it: holds. FedMut Table 1: 51.25 - 47.93 = +3.32
+    assert "| +2.50 ± 0.71 | 0: +2.00, 10/10; 1: +3.00, 10/10 | holds | +3.32 |" in mut
     assert "FedMut 51.25, FedAvg 47.93 (fedmut_table1)" in mut
     qp = row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "iid", "FedQP − FedAvg")
-    # seed 1's FedQP stopped at 110: paired with FedAvg's round 110; FedQP Table I iid:
-    # 61.15 - 57.46 = +3.69
-    assert "| +1.50 ± 0.71 | 0: 200, +1.00; 1: 110, +2.00 | +3.69 |" in qp
+    # seed 1's FedQP stopped at 110: its window is the last 6 of the 22 evaluations both runs
+    # have (rounds 85-110); +1.00 and +2.00 differ by 1.00, not less than the smaller lead:
+    # cannot tell. FedQP Table I iid: 61.15 - 57.46 = +3.69
+    assert "| +1.50 ± 0.71 | 0: +1.00, 10/10; 1: +2.00, 6/6 | cannot tell | +3.69 |" in qp
     papers = row_of(text, PAPERS, "CIFAR-10", "CNN", "dir=0.1", "FedQP")
-    assert papers.endswith("| — | 53.04 |")  # FedMut Table 1 has no FedQP column
+    assert papers.endswith("| — | 53.04 | — |")  # FedMut Table 1 has no FedQP column
     reading = text.split("## Reading")[1]
-    assert ("CIFAR-10, CNN, dir=0.1: the papers' ordering FedMut > FedAvg holds in every seed "
-            "(2 of 2) at round 200; the paper's difference is +3.32, ours +2.50.") in reading
-    assert ("CIFAR-10, CNN, iid: the papers' ordering FedMut > FedAvg does not hold (0 of 2 "
-            "seeds, mean -1.50)") in reading
-    assert "FedQP > FedAvg on average but not in every seed (1 of 2)" not in reading
-    assert "the papers' ordering FedQP > FedAvg does not hold (1 of 2 seeds, mean -1.00)" \
-        in reading  # dir=0.1: +1.00 and -3.00
+    assert ("CIFAR-10, CNN, dir=0.1: FedMut > FedAvg holds: every seed leads by more than the "
+            "seeds' spread (1.00). Mean over the last 10 evaluations (rounds 155-200) of FedMut "
+            "minus FedAvg, per seed: seed 0 +2.00, ahead at 10 of 10; seed 1 +3.00, ahead at 10 "
+            "of 10. The paper's difference is +3.32, ours +2.50.") in reading
+    # iid FedMut: -1.00 and -2.00, spread 1.00: -1.00 is not below -1.00, so not "does not
+    # hold" either
+    assert ("CIFAR-10, CNN, iid: FedMut > FedAvg cannot tell: the seeds agree on the sign but "
+            "differ by 1.00, not less than the smallest difference in size (1.00)") in reading
+    assert "CIFAR-10, CNN, dir=0.1: FedQP > FedAvg cannot tell: the seeds disagree on the sign" \
+        in reading  # +1.00 and -3.00
     # accuracy rises 1/1000 a round: +5 points from one 50-round window to the next, and the
     # last window's evaluations (rounds 155-200) span 4.5 points
     assert ("CIFAR-10, CNN, dir=0.1: mean accuracy of the last 50 rounds against the 50 "

@@ -11,12 +11,13 @@ folder gives the same page. It holds
 - our test accuracy at rounds 50, 100, 150 and 200 and at each run's last evaluation, per
   method and setting: mean +- sample std over seeds (the evaluation at that round, or the last
   one before it, for runs that got there);
-- FedMut - FedAvg and FedQP - FedAvg per setting: the difference of each seed's pair of runs
-  (same seed, same data split) at the last evaluation both have, mean +- std over seeds,
-  beside the papers' difference for the same cell (FedMut Table 1 for FedMut, FedQP Table I
-  for FedQP; flnotes.repro.paper_tables) and the papers' cells themselves;
-- a reading generated from the numbers (where the papers' ordering holds in every seed, on
-  average only, or not), with a marked place for the lead's own words.
+- each method minus FedAvg per setting, read by the reading rule (flnotes.repro.reading): per
+  seed, the mean difference over the late window (the last quarter of the evaluations both
+  runs of the seed have) and at how many of them the method is ahead; holds / does not hold /
+  cannot tell; beside the papers' difference for the same cell (FedMut Table 1 for FedMut,
+  FedQP Table I for FedQP, FedMR Table 1 for FedMR; flnotes.repro.paper_tables) and the
+  papers' cells themselves;
+- the reading: that verdict as a sentence per difference, and how far from converged.
 
 Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
 rounds they have, and the page says how far each got. Of two folders of one run, the page
@@ -36,13 +37,14 @@ import numpy as np
 from flnotes.repro import REPO_ROOT
 from flnotes.repro.figures import Run, load_runs, mean_band
 from flnotes.repro.paper_tables import load_paper_table
+from flnotes.repro.reading import Reading, read
 from flnotes.repro.tables import sample_std
 
 ROUNDS = (50, 100, 150, 200)
 BASELINE = "FedAvg"
-# (method, the paper table whose difference to FedAvg sits beside ours)
-DIFFERENCES = (("FedMut", "fedmut_table1"), ("FedQP", "fedqp_tableI"))
-PAPER_TABLES = ("fedmut_table1", "fedqp_tableI")
+# method -> the paper table whose difference to FedAvg sits beside ours
+PAPER_OF = {"FedMut": "fedmut_table1", "FedQP": "fedqp_tableI", "FedMR": "fedmr_table1"}
+PAPER_TABLES = ("fedmut_table1", "fedqp_tableI", "fedmr_table1")
 SETTING = ("dataset", "model", "heterogeneity")
 
 
@@ -92,23 +94,10 @@ def _groups(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
             for k, v in sorted(out.items())}
 
 
-def paired_difference(method_runs: list[Run], base_runs: list[Run]
-                      ) -> tuple[list[tuple[int, int, float]], str]:
-    """Per seed both methods ran: (seed, round, method - FedAvg at the last evaluation both
-    have); and the mean ± std over those seeds."""
-    base = {run.seed: run for run in base_runs}
-    pairs = []
-    for run in method_runs:
-        if run.seed not in base:
-            continue
-        (r1, v1), (r2, v2) = _accuracy(run), _accuracy(base[run.seed])
-        common = sorted(set(r1.tolist()) & set(r2.tolist()))
-        if not common:
-            continue
-        at = common[-1]
-        pairs.append((run.seed, int(at),
-                      float(v1[r1 == at][0]) - float(v2[r2 == at][0])))
-    return pairs, _mean_std([d for _, _, d in pairs], signed=True)
+def late_reading(method_runs: list[Run], base_runs: list[Run]) -> Reading:
+    """The reading rule on each seed's pair of runs (the method's and FedAvg's)."""
+    return read({run.seed: _accuracy(run) for run in method_runs},
+                {run.seed: _accuracy(run) for run in base_runs})
 
 
 def _paper_cells() -> dict[tuple, dict[str, float]]:
@@ -123,26 +112,12 @@ def _paper_cells() -> dict[tuple, dict[str, float]]:
     return cells
 
 
-def reading(method: str, pairs: list[tuple[int, int, float]], paper: float | None) -> str:
-    """The generated reading of one difference: does the paper's ordering hold?"""
-    if not pairs:
-        return f"{method} vs {BASELINE}: no seed has both runs yet."
-    diffs = [d for _, _, d in pairs]
-    wins = sum(d > 0 for d in diffs)
-    rounds = sorted({r for _, r, _ in pairs})
-    at = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
-    if wins == len(diffs):
-        verdict = (f"the papers' ordering {method} > {BASELINE} holds in every seed "
-                   f"({wins} of {len(diffs)}) at {at}")
-    elif np.mean(diffs) > 0:
-        verdict = (f"{method} > {BASELINE} on average but not in every seed ({wins} of "
-                   f"{len(diffs)}) at {at}: the ordering is not established")
-    else:
-        verdict = (f"the papers' ordering {method} > {BASELINE} does not hold ({wins} of "
-                   f"{len(diffs)} seeds, mean {np.mean(diffs):+.2f}) at {at}")
-    if paper is not None:
-        verdict += f"; the paper's difference is {paper:+.2f}, ours {np.mean(diffs):+.2f}"
-    return verdict + "."
+def reading(method: str, result: Reading, paper: float | None) -> str:
+    """The generated reading of one difference, with the paper's difference beside ours."""
+    text = result.sentence(method, BASELINE)
+    if paper is not None and result.seeds:
+        text += f" The paper's difference is {paper:+.2f}, ours {result.mean:+.2f}."
+    return text
 
 
 def progress(runs: list[Run]) -> str:
@@ -293,31 +268,37 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "",
         "## Differences to FedAvg, beside the papers'",
         "",
-        "Ours: per seed, the method's run minus FedAvg's run of the same seed at the last "
-        "evaluation both have; mean ± std over seeds. Paper: the same difference of the "
-        "published cells (FedMut Table 1 for FedMut, FedQP Table I for FedQP).",
+        "Ours, by the reading rule (flnotes/repro/reading.py): per seed, the method's run minus "
+        "FedAvg's run of the same seed, averaged over the late window (the last quarter of the "
+        "evaluations both have), and at how many of the window's evaluations the method is "
+        "ahead; mean ± std over seeds. It holds when every seed leads by more than the seeds' "
+        "spread, does not hold when every seed trails by more, and otherwise cannot be told "
+        "(always with one seed). Paper: the same difference of the published cells.",
         "",
-        "| dataset | model | heterogeneity | difference | ours | per seed (seed: round, "
-        "difference) | paper | paper's cells |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | model | heterogeneity | difference | ours (late mean) | per seed (seed: "
+        "late difference, ahead) | reading | paper | paper's cells |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     readings = []
     for setting, by_method in groups.items():
         base = by_method.get(BASELINE, [])
-        for method, table in DIFFERENCES:
-            if method not in by_method:
+        for method in by_method:
+            if method == BASELINE or not base:
                 continue
-            pairs, ours = paired_difference(by_method[method], base)
+            result = late_reading(by_method[method], base)
+            table = PAPER_OF.get(method)
             cells = papers.get((table, *setting), {})
             paper = (cells[method] - cells[BASELINE]
                      if method in cells and BASELINE in cells else None)
-            per_seed = "; ".join(f"{s}: {r}, {d:+.2f}" for s, r, d in pairs) or "—"
+            ours = _mean_std([s.difference for s in result.seeds], signed=True)
+            per_seed = "; ".join(f"{s.seed}: {s.difference:+.2f}, {s.leads}/{s.evaluations}"
+                                 for s in result.seeds) or "—"
             shown = "—" if paper is None else f"{paper:+.2f}"
             cell_text = "—" if paper is None else \
                 f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} ({table})"
             lines.append(f"| {' | '.join(setting)} | {method} − {BASELINE} | {ours} | "
-                         f"{per_seed} | {shown} | {cell_text} |")
-            readings.append(f"- {', '.join(setting)}: {reading(method, pairs, paper)}")
+                         f"{per_seed} | {result.verdict} | {shown} | {cell_text} |")
+            readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}")
     lines += [
         "",
         "## The papers' cells beside our final accuracy",
@@ -341,7 +322,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "Generated from the numbers above:",
         "",
         progress(runs),
-        *(readings or ["- no FedMut or FedQP run beside a FedAvg run yet."]),
+        *(readings or ["- no method's run beside a FedAvg run yet."]),
         *convergence(groups),
         "",
     ]
