@@ -1,6 +1,7 @@
 """Sweeps: running cells, resume, failures, device slots, papermill injection."""
 
 import errno
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -132,3 +133,60 @@ def test_a_full_disk_on_a_cell_record_names_it(tmp_path, notebook, monkeypatch):
     with pytest.raises(DiskFullError, match=r"^disk full: cannot write .*cell\.json "):
         sweep.run_sweep(grid, tmp_path / "out", progress=False)
     assert not list((tmp_path / "out").rglob("*.tmp"))
+
+
+def _hold(cell_dir: Path):
+    """Hold a cell's lock as another live sweep running it does (its cell.json: running)."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    (cell_dir / "cell.json").write_text(json.dumps({"id": cell_dir.name, "status": "running"}))
+    handle = open(cell_dir / "cell.lock", "a+")
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    handle.write("pid 12345 on elsewhere since now\n")
+    handle.flush()
+    return handle
+
+
+def test_a_cell_another_sweep_runs_is_left_to_it_not_failed(tmp_path, capsys):
+    """Two sweeps of one grid on one --out: the second leaves the first's cell alone (its
+    cell.json untouched), reports it running elsewhere and exits 0; a cell the other sweep
+    completed meanwhile is reported done, never failed."""
+    body = ("import json\nfrom pathlib import Path\n"
+            "if x == 1:  # the other sweep finishes its cell while this one runs\n"
+            "    done = Path(output_dir).parent / OTHER / 'cell.json'\n"
+            "    if FINISH:\n"
+            "        done.write_text(json.dumps({'id': OTHER, 'status': 'completed',\n"
+            "                                    'parameters': {}, 'labels': {}}))\n")
+    write_notebook(tmp_path)  # for the grid's check; rewritten below, knowing the ids
+    grid_file = write_grid(tmp_path, {"notebook": "tiny.ipynb", "grid": {"x": [1, 2]},
+                                      "seeds": [0]})
+    other = next(c for c in load_grid(grid_file).cells if c.parameters["x"] == 2)
+    for finish in (False, True):
+        out = tmp_path / f"out-{finish}"
+        write_notebook(tmp_path, f"OTHER = {other.id!r}\nFINISH = {finish}\n" + body)
+        held = _hold(out / "cells" / other.id)
+        try:
+            code = main(["sweep", str(grid_file), "--out", str(out)])
+        finally:
+            held.close()
+        text = capsys.readouterr().out
+        assert code == 0, text
+        if not finish:
+            assert "1 cell(s) left to another sweep" in text, text
+            assert "running elsewhere" in (out / "summary.csv").read_text()
+            assert json.loads((out / "cells" / other.id / "cell.json").read_text()) == {
+                "id": other.id, "status": "running"}  # the other sweep's record, untouched
+            assert not (out / "cells" / other.id / "notebook.ipynb").exists()
+        else:
+            assert "left to another sweep" not in text
+            assert "skipped (done)" in (out / "summary.csv").read_text()
+            assert "failed" not in (out / "summary.csv").read_text()
+
+
+def test_a_cell_completed_by_another_sweep_since_is_not_run_again(tmp_path, notebook):
+    cell = {"id": "c", "parameters": {"x": 1}, "labels": {}, "seed": 0}
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "cell.json").write_text(json.dumps({**cell, "status": "completed"}))
+    record = sweep.run_cell(str(notebook), cell, str(folder), {})
+    assert record["status"] == "completed" and record["skipped"]
+    assert not (folder / "executions.txt").exists()

@@ -7,6 +7,11 @@ skipped on re-run, a failed one is recorded and the batch goes on. ``--workers N
 cells at once, each worker process pinned to one CUDA device (round-robin) or, on CPU, to its
 share of the cores.
 
+Two sweeps on one output folder: each cell is run under its ``cell.lock`` (``fcntl.flock``,
+dropped by the kernel however its holder ends). A cell that another live sweep is running is
+not run, nor its cell.json touched: it is reported ``running elsewhere`` (not a failure), and
+a cell the other sweep finished meanwhile is skipped as done.
+
 Stopping: Ctrl-C or SIGTERM stops the sweep at once. Cells that finished are kept, the cells
 running are stopped and recorded ``interrupted`` (their run folders resume), the rest are
 ``not started``; ``summary.csv`` is written and the command exits 130 (143 for SIGTERM).
@@ -19,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -118,8 +125,9 @@ def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
                 os.kill(pid, signal.SIGKILL)
         path = Path(cell_dir) / "cell.json"
         record = _read_record(path) or {**meta, **cell}
-        if record.get("status") in (None, "running"):
-            with contextlib.suppress(OSError):
+        # Only a cell this worker holds: one another sweep holds keeps that sweep's record.
+        if cell_dir in _HOLDING and record.get("status") in (None, "running"):
+            with contextlib.suppress(OSError, ValueError):
                 _write_json(path, {**record, "status": "interrupted"})
         os._exit(1)
 
@@ -128,19 +136,71 @@ def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
     _die_with_parent(parent)
     _pin_worker(device, threads)
     try:
-        run_cell(*job)
+        record = run_cell(*job)
     except ValueError as err:  # cell.json not written (a full disk): one line, no traceback;
         # the sweep records the cell (or stops on the same disk with its own line)
         print(f"sweep: cell {cell['id']}: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(1)
+    if record.get("status") == RUNNING_ELSEWHERE:
+        sys.exit(EXIT_ELSEWHERE)
+
+
+# The cell folders whose lock this process holds (a stopped worker marks only those).
+_HOLDING: set[str] = set()
+# A cell another live sweep holds: not run here, not a failure.
+RUNNING_ELSEWHERE = "running elsewhere"
+# A worker's exit status for that cell: it wrote nothing, and the sweep must not record the
+# other sweep's "running" cell.json as a worker that died.
+EXIT_ELSEWHERE = 3
+
+
+def _lock_cell(folder: Path):
+    """Hold the cell's ``cell.lock``: the open file (closing it lets go), or the holder's
+    line ("pid N on HOST since T") when another process runs the cell."""
+    handle = open(folder / "cell.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        return holder
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                 f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    handle.flush()
+    return handle
 
 
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
-    """Execute one cell with papermill; write and return its cell.json record."""
-    import papermill as pm
+    """Execute one cell with papermill under its lock; write and return its cell.json record.
 
+    A cell another sweep holds returns a ``running elsewhere`` record and writes nothing; one
+    that another sweep completed since this one looked is returned as done (unless
+    ``meta["force"]``: the sweep was asked to run completed cells again).
+    """
     folder = Path(cell_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    force = bool(meta.get("force"))
+    meta = {k: v for k, v in meta.items() if k != "force"}
+    lock = _lock_cell(folder)
+    if isinstance(lock, str):
+        return {**meta, **cell, "status": RUNNING_ELSEWHERE, "error": f"held by {lock}"}
+    _HOLDING.add(cell_dir)
+    try:
+        found = None if force else _read_record(folder / "cell.json")
+        if found is not None and found.get("status") == "completed":
+            return {**found, "skipped": True}
+        return _run_cell(notebook, cell, folder, meta)
+    finally:
+        _HOLDING.discard(cell_dir)
+        lock.close()
+
+
+def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
+    import papermill as pm
+
     params = dict(cell["parameters"], output_dir=str(folder))
     device = os.environ.get("CUDA_VISIBLE_DEVICES")
     record = {**meta, **cell, "parameters": params, "status": "running", "error": None,
@@ -275,6 +335,8 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     cells = select_cells(grid, only)
     meta = {"grid": grid.name, "grid_file": str(grid.path), "variant": grid.variant,
             "notebook": str(grid.notebook), "paper_table": grid.paper_table}
+    if force:  # run_cell runs a completed cell again (not written into cell.json)
+        meta["force"] = True
     if loggers:
         meta["loggers"] = list(loggers)
         meta["logger_dir"] = str(Path(logger_dir or out).resolve())
@@ -341,6 +403,8 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
         _write_file(out / "summary.csv", summary.to_csv(index=False).encode())
         raise SweepInterrupted(summary, stop) from None
     bar.close()
+    # A cell left to another sweep may have finished there since: as it stands now.
+    records = {i: _elsewhere(r, out / "cells" / i) for i, r in records.items()}
     summary = summarise([records[c.id] for c in cells if c.id in records], out)
     _write_file(out / "summary.csv", summary.to_csv(index=False).encode())
     return summary
@@ -438,10 +502,27 @@ def _finished_record(job: tuple, exitcode: int | None) -> dict:
     """The cell.json a worker left; a worker that died without one is recorded failed
     (``exitcode`` None: stopped by the sweep, recorded interrupted)."""
     _, cell, cell_dir, meta = job
+    meta = {k: v for k, v in meta.items() if k != "force"}
+    elsewhere = {**meta, **cell, "status": RUNNING_ELSEWHERE}
+    if exitcode == EXIT_ELSEWHERE:  # another sweep's cell: its cell.json is that sweep's
+        return _elsewhere(elsewhere, Path(cell_dir))
     path = Path(cell_dir) / "cell.json"
     record = _read_record(path)
     if record is not None and record.get("status") not in ("running", None):
         return record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = _lock_cell(path.parent)  # the worker is gone: a holder now is another sweep
+    if isinstance(lock, str):
+        return {**elsewhere, "error": f"held by {lock}"}
+    try:
+        return _record_end(path, record, exitcode, meta, cell)
+    finally:
+        lock.close()
+
+
+def _record_end(path: Path, record: dict | None, exitcode: int | None, meta: dict,
+                cell: dict) -> dict:
+    """Write the cell.json of a worker that ended without a finished record."""
     if exitcode is None:
         record = {**(record or {**meta, **cell}), "status": "interrupted"}
     else:
@@ -449,6 +530,17 @@ def _finished_record(job: tuple, exitcode: int | None) -> dict:
                   "error": f"worker died (exit code {exitcode}) before recording the cell"}
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_json(path, record)
+    return record
+
+
+def _elsewhere(record: dict, cell_dir: Path) -> dict:
+    """A cell left to another sweep, as that sweep has it now: completed there, it is done
+    (skipped here); else still ``running elsewhere``."""
+    if record.get("status") != RUNNING_ELSEWHERE:
+        return record
+    found = _read_record(cell_dir / "cell.json")
+    if found is not None and found.get("status") == "completed":
+        return {**found, "skipped": True}
     return record
 
 
@@ -611,9 +703,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _print_summary(summary)
     failed = int((summary["status"] == "failed").sum()) if len(summary) else 0
     diverged = int(summary["status"].str.startswith("diverged").sum()) if len(summary) else 0
+    elsewhere = int((summary["status"] == RUNNING_ELSEWHERE).sum()) if len(summary) else 0
     print(f"{len(summary)} cells: {failed} failed" + (f", {diverged} diverged (the accuracy "
                                                       "is from before the blow-up)"
                                                       if diverged else ""))
+    if elsewhere:
+        # Not a failure: another sweep on the same folder runs them; its summary has them.
+        print(f"{elsewhere} cell(s) left to another sweep running in the same output folder "
+              "(running elsewhere); run the same command again once it ends to see them all")
     return 1 if failed else 0
 
 
