@@ -8,6 +8,13 @@ windows for the LSTM). A round is dispatch + local training + aggregation. Every
     python benchmarks/round_time.py --device cpu --quick
     python benchmarks/round_time.py --device cuda --rounds 3
 
+Models: cnn, resnet18, vgg16, lstm (FedMut's Table 1 and Shakespeare), resnet20 and
+lenet-cifar (the seed authors' LeNet, in the CIFAR-10 evidence run's setting: momentum and
+weighting of preset fedmut-official). ``--algorithm fedavg,fedmut`` measures each method.
+An unknown model, backend or method is a one-line error before any work; a failed
+measurement makes the exit status 1. ``--table FILE`` rewrites the table there after every
+measurement, so a run cut short keeps what it measured.
+
 Backends: ``loop`` (reference), ``vmap`` (eager), ``compiled`` (vmap with
 ``compile="default"``: one torch.compile'd fixed-shape step) and ``graphs`` (vmap with
 ``compile="reduce-overhead"``: the same step replayed as CUDA graphs; GPU only). The
@@ -34,13 +41,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flnotes.algorithms import build_strategy  # noqa: E402
+from flnotes.algorithms import algorithm_names, build_strategy  # noqa: E402
 from flnotes.config import RunConfig  # noqa: E402
+from flnotes.config.presets import preset_values  # noqa: E402
 from flnotes.engine.batched.functional import StepContext, vmap_ready  # noqa: E402
 from flnotes.engine.batched.stacked import train_supervised  # noqa: E402
 from flnotes.engine.batched.vmap import train_clients_vmap  # noqa: E402
 from flnotes.engine.tasks import Task  # noqa: E402
 from flnotes.engine.train import train_clients_loop  # noqa: E402
+from flnotes.messages import did_you_mean  # noqa: E402
 from flnotes.models import build_model  # noqa: E402
 
 # backend name -> (RunConfig.backend, RunConfig.compile)
@@ -49,7 +58,24 @@ BACKENDS = {"loop": ("loop", "off"), "vmap": ("vmap", "off"),
 
 # model -> (one sample's shape, number of classes)
 SHAPES = {"cnn": ((3, 32, 32), 10), "resnet18": ((3, 32, 32), 10),
-          "vgg16": ((3, 32, 32), 10), "lstm": ((80,), 80)}
+          "vgg16": ((3, 32, 32), 10), "lstm": ((80,), 80),
+          "resnet20": ((3, 32, 32), 10), "lenet-cifar": ((3, 32, 32), 10)}
+
+# The round's optimiser: FedMut's setting, except where a model's own run says otherwise.
+DEFAULT_SETTINGS = {"lr": 0.01, "momentum": 0.9}
+# lenet-cifar as the CIFAR-10 evidence run trains it (benchmarks/cifar10_lenet_evidence.yaml:
+# preset fedmut-official, the seed authors' code: momentum 0.5, uniform aggregation).
+PRESET_OF = {"lenet-cifar": "fedmut-official"}
+
+
+def model_settings(model: str) -> dict:
+    """lr, momentum (and weighting) of a round of ``model``."""
+    settings = dict(DEFAULT_SETTINGS)
+    if model in PRESET_OF:
+        values = preset_values(PRESET_OF[model])
+        assert values["model"] == model, (model, values["model"])
+        settings.update({k: values[k] for k in ("lr", "momentum", "weighting") if k in values})
+    return settings
 
 
 def random_task(model: str, clients: int, samples: int, device: torch.device) -> Task:
@@ -128,8 +154,8 @@ def measure(args: argparse.Namespace) -> dict:
     backend, compile_mode = BACKENDS[args.backend]
     config = RunConfig(algorithm=args.algorithm, num_clients=args.clients,
                        clients_per_round=args.clients, local_epochs=args.epochs,
-                       batch_size=args.batch_size, lr=0.01, momentum=0.9, device=args.device,
-                       backend=backend, compile=compile_mode).resolved()
+                       batch_size=args.batch_size, device=args.device, backend=backend,
+                       compile=compile_mode, **model_settings(args.model)).resolved()
     init = task.model_factory().state_dict()
     configs = [config.replace(seed=seed) for seed in range(args.seeds)]
     strategies = [build_strategy(c, init) for c in configs]
@@ -172,18 +198,41 @@ def measure(args: argparse.Namespace) -> dict:
     steps = args.seeds * args.clients * args.epochs * -(-args.samples // args.batch_size)
     models = 2 if args.algorithm == "fml" else 1  # FML trains a meme and a personal model
     flops = step_flops(task, args.batch_size) * steps * models
-    return {"model": args.model, "backend": args.backend, "seconds": seconds, "warmup": warmup,
+    return {"model": args.model, "algorithm": args.algorithm, "backend": args.backend,
+            "seconds": seconds, "warmup": warmup,
             "peak_mib": peak / 2**20, "tflops": flops / seconds / 1e12}
 
 
+def fail(message: str) -> None:
+    """A one-line error on stderr and exit status 2 (a wrong command line), before any work."""
+    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def names(text: str, known, what: str) -> list[str]:
+    """A comma-separated list, each name one of ``known`` (else a one-line error)."""
+    chosen = [n.strip() for n in text.split(",") if n.strip()]
+    if not chosen:
+        fail(f"--{what} is empty; choose from {', '.join(known)}")
+    for name in chosen:
+        if name not in known:
+            fail(f"unknown {what[:-1]} {name!r}{did_you_mean(name, known)}; "
+                 f"choose from {', '.join(known)}")
+    return chosen
+
+
 def main() -> None:
-    """Run every (model, backend) pair in a subprocess and print the table."""
+    """Run every (model, method, backend) in a subprocess and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default="cnn,resnet18,vgg16,lstm")
+    parser.add_argument("--models", default="cnn,resnet18,vgg16,lstm",
+                        help=f"from {', '.join(SHAPES)}")
     parser.add_argument("--backends", default=None,
-                        help=f"from {list(BACKENDS)}; default all on a GPU, loop,vmap on a CPU")
-    parser.add_argument("--algorithm", default="fedavg", help="fml: two models per client")
+                        help=f"from {', '.join(BACKENDS)}; default all on a GPU, loop,vmap "
+                             "on a CPU")
+    parser.add_argument("--algorithm", default="fedavg",
+                        help="method, or several comma-separated (fedavg,fedmut); fml: two "
+                             "models per client")
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds per round: loop runs them in turn, the others stack them")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after a warm-up")
@@ -194,6 +243,9 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=None, help="vmap: clients per stack")
     parser.add_argument("--quick", action="store_true",
                         help="4 clients x 1 epoch x 100 samples (for a CPU)")
+    parser.add_argument("--table", default=None,
+                        help="also write the markdown table to this file, after every "
+                             "measurement")
     parser.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,55 +253,82 @@ def main() -> None:
         args.clients, args.epochs, args.samples = 4, 1, 100
     if args.backends is None:
         args.backends = ",".join(BACKENDS) if args.device.startswith("cuda") else "loop,vmap"
-    unknown = set(args.backends.split(",")) - set(BACKENDS)
-    if unknown:
-        parser.error(f"unknown backends {sorted(unknown)}; choose from {list(BACKENDS)}")
-    if args.seeds > 1 and args.algorithm == "fml":
-        parser.error("--seeds stacks one model per client; fml trains two")
+    backends = names(args.backends, list(BACKENDS), "backends")
+    algorithms = names(args.algorithm, algorithm_names(), "algorithms")
+    models = names(args.model or args.models, list(SHAPES), "models")
+    if args.seeds < 1 or args.rounds < 1:
+        fail("--seeds and --rounds must be at least 1")
+    if args.seeds > 1 and "fml" in algorithms:
+        fail("--seeds stacks one model per client; fml trains two")
     if args.model:  # worker: one measurement, one JSON line
         print(json.dumps(measure(args)))
         return
 
     peak = matmul_peak(torch.device(args.device))
-    rows = []
-    for model in args.models.split(","):
-        for backend in args.backends.split(","):
-            cmd = [sys.executable, __file__, "--model", model, "--backend", backend,
-                   "--device", args.device, "--rounds", str(args.rounds),
-                   "--clients", str(args.clients), "--samples", str(args.samples),
-                   "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                   "--algorithm", args.algorithm, "--seeds", str(args.seeds)]
-            if args.chunk_size:
-                cmd += ["--chunk-size", str(args.chunk_size)]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-            if out.returncode != 0:
-                print(f"{model}/{backend} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-                continue
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"  done {model}/{backend}: {rows[-1]['seconds']:.3f} s/round",
-                  file=sys.stderr, flush=True)
-    print_table(rows, peak, args)
+    rows, failures = [], []
+    for model in models:
+        for algorithm in algorithms:
+            for backend in backends:
+                cmd = [sys.executable, __file__, "--model", model, "--backend", backend,
+                       "--device", args.device, "--rounds", str(args.rounds),
+                       "--clients", str(args.clients), "--samples", str(args.samples),
+                       "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+                       "--algorithm", algorithm, "--seeds", str(args.seeds)]
+                if args.chunk_size:
+                    cmd += ["--chunk-size", str(args.chunk_size)]
+                what = f"{model}/{algorithm}/{backend}"
+                out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+                if out.returncode != 0:
+                    print(f"{what} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+                    last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+                    failures.append(f"{what}: {last[:300]}")
+                else:
+                    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                    print(f"  done {what}: {rows[-1]['seconds']:.3f} s/round",
+                          file=sys.stderr, flush=True)
+                if args.table:
+                    write_table(Path(args.table), table(rows, failures, peak, args))
+    print(table(rows, failures, peak, args))
+    if failures:
+        print(f"{len(failures)} measurement(s) failed", file=sys.stderr)
+        sys.exit(1)
 
 
-def print_table(rows: list[dict], peak: float, args: argparse.Namespace) -> None:
-    """Markdown table: seconds per round, peak memory, loop/vmap ratio, TFLOP/s."""
+def write_table(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step (a reader never sees half a table)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+
+
+def table(rows: list[dict], failures: list[str], peak: float,
+          args: argparse.Namespace) -> str:
+    """Markdown table: seconds per round, peak memory, loop/backend ratio, TFLOP/s."""
     memory = "CUDA max_memory_allocated" if args.device.startswith("cuda") else "peak RSS growth"
     seeds = f"{args.seeds} seeds x " if args.seeds > 1 else ""
-    print(f"\n{args.algorithm}, {seeds}{args.clients} clients x {args.epochs} epochs x "
-          f"{args.samples} samples, batch {args.batch_size}, {args.rounds} timed rounds after "
-          f"1 warm-up, device {args.device}")
-    print(f"float32 matmul peak measured in this run: {peak:.3f} TFLOP/s\n")
-    print(f"| model | backend | s/round | warm-up s | peak MiB ({memory}) | loop/backend | "
-          "TFLOP/s | % peak |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    loop_time = {r["model"]: r["seconds"] for r in rows if r["backend"] == "loop"}
+    optim = "; ".join(f"{m}: SGD " + ", ".join(f"{k} {v}" for k, v in model_settings(m).items())
+                      for m in dict.fromkeys(r["model"] for r in rows))
+    lines = [f"\n{seeds}{args.clients} clients x {args.epochs} epochs x {args.samples} samples, "
+             f"batch {args.batch_size}, {args.rounds} timed rounds after 1 warm-up, device "
+             f"{args.device}" + (f"\n{optim}" if optim else ""),
+             f"float32 matmul peak measured in this run: {peak:.3f} TFLOP/s\n",
+             f"| model | method | backend | s/round | warm-up s | peak MiB ({memory}) | "
+             "loop/backend | TFLOP/s | % peak |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    loop_time = {(r["model"], r["algorithm"]): r["seconds"] for r in rows
+                 if r["backend"] == "loop"}
     for r in rows:
         ratio = ""
-        if r["backend"] != "loop" and r["model"] in loop_time:
-            ratio = f"{loop_time[r['model']] / r['seconds']:.2f}x"
-        print(f"| {r['model']} | {r['backend']} | {r['seconds']:.3f} | {r['warmup']:.1f} | "
-              f"{r['peak_mib']:.0f} | "
-              f"{ratio} | {r['tflops']:.4f} | {100 * r['tflops'] / peak:.1f} |")
+        key = (r["model"], r["algorithm"])
+        if r["backend"] != "loop" and key in loop_time:
+            ratio = f"{loop_time[key] / r['seconds']:.2f}x"
+        lines.append(f"| {r['model']} | {r['algorithm']} | {r['backend']} | {r['seconds']:.3f} | "
+                     f"{r['warmup']:.1f} | {r['peak_mib']:.0f} | {ratio} | "
+                     f"{r['tflops']:.4f} | {100 * r['tflops'] / peak:.1f} |")
+    if failures:
+        lines += ["", "Failed:", *(f"- {f}" for f in failures)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
