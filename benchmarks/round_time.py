@@ -246,6 +246,9 @@ def main() -> None:
     parser.add_argument("--table", default=None,
                         help="also write the markdown table to this file, after every "
                              "measurement")
+    parser.add_argument("--in-process", action="store_true",
+                        help="measure in this process, not one subprocess per pair (quicker "
+                             "to start; peak memory is then not each pair's own)")
     parser.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -269,22 +272,16 @@ def main() -> None:
     for model in models:
         for algorithm in algorithms:
             for backend in backends:
-                cmd = [sys.executable, __file__, "--model", model, "--backend", backend,
-                       "--device", args.device, "--rounds", str(args.rounds),
-                       "--clients", str(args.clients), "--samples", str(args.samples),
-                       "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                       "--algorithm", algorithm, "--seeds", str(args.seeds)]
-                if args.chunk_size:
-                    cmd += ["--chunk-size", str(args.chunk_size)]
                 what = f"{model}/{algorithm}/{backend}"
-                out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-                if out.returncode != 0:
-                    print(f"{what} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-                    last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+                row, error = (measure_here if args.in_process else measure_apart)(
+                    args, model, algorithm, backend)
+                if error is not None:
+                    print(f"{what} failed:\n{error[-2000:]}", file=sys.stderr)
+                    last = (error.strip().splitlines() or ["failed"])[-1]
                     failures.append(f"{what}: {last[:300]}")
                 else:
-                    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                    print(f"  done {what}: {rows[-1]['seconds']:.3f} s/round",
+                    rows.append(row)
+                    print(f"  done {what}: {row['seconds']:.3f} s/round",
                           file=sys.stderr, flush=True)
                 if args.table:
                     write_table(Path(args.table), table(rows, failures, peak, args))
@@ -292,6 +289,34 @@ def main() -> None:
     if failures:
         print(f"{len(failures)} measurement(s) failed", file=sys.stderr)
         sys.exit(1)
+
+
+def measure_apart(args: argparse.Namespace, model: str, algorithm: str,
+                  backend: str) -> tuple[dict | None, str | None]:
+    """One measurement in a fresh subprocess: (row, None), or (None, its stderr)."""
+    cmd = [sys.executable, __file__, "--model", model, "--backend", backend,
+           "--device", args.device, "--rounds", str(args.rounds),
+           "--clients", str(args.clients), "--samples", str(args.samples),
+           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+           "--algorithm", algorithm, "--seeds", str(args.seeds)]
+    if args.chunk_size:
+        cmd += ["--chunk-size", str(args.chunk_size)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    if out.returncode != 0:
+        return None, out.stderr or f"exit status {out.returncode}"
+    return json.loads(out.stdout.strip().splitlines()[-1]), None
+
+
+def measure_here(args: argparse.Namespace, model: str, algorithm: str,
+                 backend: str) -> tuple[dict | None, str | None]:
+    """One measurement in this process (--in-process): (row, None), or (None, the error)."""
+    import traceback
+
+    try:
+        return measure(argparse.Namespace(**{**vars(args), "model": model,
+                                             "algorithm": algorithm, "backend": backend})), None
+    except Exception:
+        return None, traceback.format_exc()
 
 
 def write_table(path: Path, text: str) -> None:
@@ -309,9 +334,10 @@ def table(rows: list[dict], failures: list[str], peak: float,
     seeds = f"{args.seeds} seeds x " if args.seeds > 1 else ""
     optim = "; ".join(f"{m}: SGD " + ", ".join(f"{k} {v}" for k, v in model_settings(m).items())
                       for m in dict.fromkeys(r["model"] for r in rows))
+    apart = "all in one process" if args.in_process else "each pair in its own process"
     lines = [f"\n{seeds}{args.clients} clients x {args.epochs} epochs x {args.samples} samples, "
              f"batch {args.batch_size}, {args.rounds} timed rounds after 1 warm-up, device "
-             f"{args.device}" + (f"\n{optim}" if optim else ""),
+             f"{args.device}, {apart}" + (f"\n{optim}" if optim else ""),
              f"float32 matmul peak measured in this run: {peak:.3f} TFLOP/s\n",
              f"| model | method | backend | s/round | warm-up s | peak MiB ({memory}) | "
              "loop/backend | TFLOP/s | % peak |",
