@@ -64,6 +64,55 @@ def test_endpoint_dots_are_drawn_white_in_the_flat_basin_and_red_elsewhere():
     assert np.allclose(fedavg.get_facecolors(), to_rgba_array(["red", "white"]))
 
 
+# ---- notebook 21: the sentence about FedQP's eigenvalue, its log axes -------------------------
+
+
+def _placed_function():
+    """``placed`` as notebook 21 defines it, run on numbers given here."""
+    cell = next(c for c in _notebook("21_flatness")
+                if c["cell_type"] == "code" and "def placed(" in "".join(c["source"]))
+    source = "".join(cell["source"])
+    namespace: dict = {}
+    exec(source[source.index("def placed("):source.index("\n\n\n", source.index("def placed("))],
+         namespace)
+    return namespace["placed"]
+
+
+@pytest.mark.parametrize("value,others,words", [
+    (9.5, {"fedavg": 8.6, "fedmut": 7.1}, "above fedavg's (8.6) and fedmut's (7.1)"),
+    (5.0, {"fedavg": 8.6, "fedmut": 7.1}, "below fedavg's (8.6) and fedmut's (7.1)"),
+    (8.0, {"fedavg": 8.6, "fedmut": 7.1}, "between fedmut's (7.1) and fedavg's (8.6)"),
+    (7.1, {"fedavg": 8.6, "fedmut": 7.1}, "equal to fedmut's (7.1) and below fedavg's (8.6)"),
+])
+def test_notebook_21_places_an_eigenvalue_by_the_numbers(value, others, words):
+    assert _placed_function()("fedqp", value, others) == f"fedqp's top eigenvalue ({value:.2g}) " \
+                                                         f"is {words}"
+
+
+def test_notebook_21_prints_where_fedqp_lies_and_its_prose_does_not_say_it():
+    """The sentence is printed from the table (nbval compares it with a fresh run); the
+    stored one agrees with the stored numbers, and the prose no longer states an order."""
+    cells = _notebook("21_flatness")
+    checked = next(c for c in cells if c["cell_type"] == "code"
+                   and "def placed(" in "".join(c["source"]))
+    printed = "".join(t for o in checked["outputs"] if o["output_type"] == "stream"
+                      for t in o["text"])
+    values = dict(re.findall(r"(\w+) (-?[\d.]+)",
+                             re.search(r"top eigenvalue: (.*)", printed).group(1)))
+    values = {k: float(v) for k, v in values.items()}
+    others = {k: values[k] for k in ("fedavg", "fedmut")}
+    assert _placed_function()("fedqp", values["fedqp"], others) in printed
+    prose = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert "between FedAvg's and FedMut's" not in prose
+
+
+def test_notebook_21_gives_its_log_axes_plain_ticks():
+    for cell in _notebook("21_flatness"):
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and re.search(r"plot_(slices|interpolation)\(", source):
+            assert "plain_log_ticks(" in source, source
+
+
 # ---- notebook 22: a tie is a tie ---------------------------------------------------------------
 
 
