@@ -4,10 +4,14 @@ import errno
 import fcntl
 import json
 import os
+import select
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import write_grid, write_notebook
+from helpers import write_blocked_sweep, write_grid, write_notebook
 
 from flnotes.cli.main import main
 from flnotes.engine.run_folder import DiskFullError
@@ -190,3 +194,40 @@ def test_a_cell_completed_by_another_sweep_since_is_not_run_again(tmp_path, note
     record = sweep.run_cell(str(notebook), cell, str(folder), {})
     assert record["status"] == "completed" and record["skipped"]
     assert not (folder / "executions.txt").exists()
+
+
+# Cell x = 1 ends at once; x = 2 waits while the file extra["block"] exists.
+BLOCKED = """from pathlib import Path
+import time
+while x > 1 and Path(extra["block"]).exists():
+    time.sleep(0.05)
+"""
+
+
+def test_a_sweep_logs_a_line_per_cell_as_it_ends_into_a_pipe(tmp_path):
+    """stdout a pipe (`sweep ... > log`): cell 1's line arrives while cell 2 still runs."""
+    grid, block, out = write_blocked_sweep(tmp_path, BLOCKED)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "flnotes", "sweep", str(grid), "--out",
+                             str(out), "--only", "1_seed", "--only", "2_seed"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines, deadline = [], time.monotonic() + 240
+        while not any(line.startswith("[1/2] 1_seed") for line in lines):
+            assert time.monotonic() < deadline, f"no line for cell 1: {lines}"
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                line = proc.stdout.readline()
+                assert line, f"stdout closed early: {lines} {proc.stderr.read()}"
+                lines.append(line)
+        assert proc.poll() is None  # cell 2 still waits: the line came as cell 1 ended
+        assert lines[0].startswith("sweep ") and "2 of 2 cells to run" in lines[0], lines
+        assert "1_seed" in lines[-1] and ": completed (" in lines[-1], lines
+        block.unlink()
+        rest, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert rest.splitlines()[0].startswith("[2/2] 2_seed") and ": completed (" in rest, rest

@@ -38,6 +38,7 @@ import yaml
 
 from flnotes.engine.client_state import write_atomically
 from flnotes.engine.run_folder import NO_SPACE, disk_full
+from flnotes.engine.stops import send_nowhere
 from flnotes.engine.tracking import logger_environment, prepare_store
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
@@ -302,7 +303,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
               processes: bool | None = None, executor: str = "local",
               address: str | None = None, gpus_per_cell: float | None = None,
               cpus_per_cell: float = 1.0, retries: int = 0, loggers: list[str] | None = None,
-              logger_dir: str | Path | None = None):
+              logger_dir: str | Path | None = None, log: bool = False):
     """Run every cell not yet completed; return the summary table (one row per cell).
 
     ``only``: run just the cells whose id contains one of these texts. ``processes``: run
@@ -313,7 +314,8 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     joins a running cluster; ``gpus_per_cell``, ``cpus_per_cell`` and ``retries`` as their
     flags), with the same folders, records and summary. ``loggers`` (``--logger``) copy
     each round of every cell's runs to TensorBoard / MLflow as it ends, into one store under
-    ``logger_dir`` (default: the sweep's output folder).
+    ``logger_dir`` (default: the sweep's output folder). ``log``: print a line (flushed) as
+    each cell ends, for a log without the progress bar.
     """
     if executor not in ("local", "ray"):
         raise ValueError(f"unknown executor {executor!r}; choose local or ray")
@@ -354,13 +356,25 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     jobs = [(str(grid.notebook), vars(c), str(out / "cells" / c.id), meta) for c in todo]
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=grid.name, unit="cell",
                disable=not progress)
+    if log:
+        _log_line(f"sweep {grid.name}: {len(todo)} of {len(cells)} cells to run"
+                  + (f" ({len(cells) - len(todo)} done before)" if len(todo) < len(cells)
+                     else "") + f"; output {out}")
+    ended = [len(cells) - len(todo)]
+
+    def cell_ended(record: dict) -> None:
+        records[record["id"]] = record
+        bar.update()
+        ended[0] += 1
+        if log:
+            _log_line(_cell_line(record, ended[0], len(cells)))
+
     try:
         if executor == "ray":
             from flnotes.repro.ray_executor import run_on_ray
 
             def on_record(record: dict) -> None:
-                records[record["id"]] = record
-                bar.update()
+                cell_ended(record)
 
             def failed_record(job: tuple, error: str) -> dict:
                 record = _finished_record(job, 1)
@@ -385,11 +399,9 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
                 raise
         elif not (processes if processes is not None else workers > 1):
             for job in jobs:
-                record = run_cell(*job)
-                records[record["id"]] = record
-                bar.update()
+                cell_ended(run_cell(*job))
         else:
-            _run_parallel(jobs, workers, bar, records)
+            _run_parallel(jobs, workers, cell_ended, records)
     except KeyboardInterrupt as stop:
         bar.close()
         for cell in cells:  # the cell that was running (sequential) says so in its cell.json
@@ -445,8 +457,28 @@ def select_cells(grid: Grid, only: list[str] | None) -> list[Cell]:
     return cells
 
 
-def _run_parallel(jobs: list, workers: int, bar, records: dict) -> None:
-    """Run the jobs in at most ``workers`` processes, one process per cell; fill records.
+def _cell_line(record: dict, ended: int, total: int) -> str:
+    """A log's line for a cell that ended: "[3/12] ID: completed (41.2 s)", and why not."""
+    seconds = record.get("seconds")
+    took = f" ({seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""
+    status = "skipped (done)" if record.get("skipped") else record.get("status")
+    why = " ".join(str(record.get("error") or "").split())[:160]
+    return f"[{ended}/{total}] {record.get('id')}: {status}{took}" + (f": {why}" if why else "")
+
+
+def _log_line(line: str) -> None:
+    """Print and flush: a log (stdout a file or a pipe) shows each cell as it ends, not the
+    whole sweep's lines at its end. A reader that left (``| head``) does not stop the
+    cells: the records, not the log, are what a sweep leaves."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        send_nowhere()
+
+
+def _run_parallel(jobs: list, workers: int, cell_ended, records: dict) -> None:
+    """Run the jobs in at most ``workers`` processes, one process per cell; each record goes
+    to ``cell_ended`` as its cell ends (into ``records`` on an interrupt).
 
     On KeyboardInterrupt (Ctrl-C, or SIGTERM made one by the command line) every running
     worker is stopped (SIGTERM; SIGKILL after a grace period), its cell recorded
@@ -472,9 +504,7 @@ def _run_parallel(jobs: list, workers: int, bar, records: dict) -> None:
                 process, job, slot = running.pop(sentinel)
                 process.join()
                 free.append(slot)
-                record = _finished_record(job, process.exitcode)
-                records[record["id"]] = record
-                bar.update()
+                cell_ended(_finished_record(job, process.exitcode))
     except KeyboardInterrupt:
         _stop_workers([(p, job) for p, job, _ in running.values()])
         for _, job in [(p, job) for p, job, _ in running.values()]:
@@ -687,8 +717,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise GridError(f"{flag} sizes the cells' Ray tasks: add --executor ray")
         from flnotes.messages import on_terminal
 
+        terminal = on_terminal()  # the bar, on stderr
+        # A line per cell wherever stdout is not watched live with the bar: redirected
+        # (`> log`, a pipe) or without a bar.
+        log = not terminal or not _stdout_is_terminal()
         summary = run_sweep(grid, args.out, workers=args.workers, force=args.force,
-                            progress=on_terminal(),
+                            progress=terminal, log=log,
                             only=args.only, processes=True, executor=args.executor,
                             address=args.address, loggers=loggers,
                             logger_dir=args.logger_dir, **ray_flags)
@@ -712,6 +746,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{elsewhere} cell(s) left to another sweep running in the same output folder "
               "(running elsewhere); run the same command again once it ends to see them all")
     return 1 if failed else 0
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
 
 
 def _print_summary(summary) -> None:
