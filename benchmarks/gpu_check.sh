@@ -107,6 +107,8 @@ else
     TIMING_ARGS=(--seeds 5 --rounds 1)
     BACKENDS=loop,vmap,compiled,graphs
     TESTS=(tests/test_vmap.py tests/test_train_stacked.py tests/test_seeds.py)
+    # Four pytest workers when pytest-xdist is there (the compiled-step tests compile on CPU).
+    "$PY" -c 'import xdist' 2>/dev/null && TESTS+=(-n 4)
     CELL_ARGS=()
 fi
 [ "$USE_CIFAR" = 0 ] && CELL_ARGS+=(--synthetic)
@@ -148,7 +150,7 @@ prepare_data() {
     mkdir -p "$WORK/cifar10" && tar -xJf "$DATA_ARCHIVE" -C "$WORK/cifar10" || return 1
     echo "unpacked into $WORK/cifar10: $(find "$WORK/cifar10" -name '*.jpg' | wc -l) images"
     # Decode once into the run's cache, so step c does not (flnotes caches decoded folders).
-    "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, ".")
+    TQDM_DISABLE=1 "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, ".")
 from flnotes.data.vision import load_image_folder
 d = load_image_folder(Path(sys.argv[1]))
 print("decoded", tuple(d["train_x"].shape), tuple(d["test_x"].shape))' "$WORK/cifar10"

@@ -43,7 +43,10 @@ def run_info(metrics: Path) -> str:
     except (OSError, ValueError):
         return "no run.json"
     env, config = info.get("environment", {}), info.get("config", {})
-    return (f"device {env.get('device', '?')}, backend {config.get('backend', '?')}, "
+    tf32 = (f", TF32 conv {env['tf32_conv']} matmul {env.get('tf32_matmul')}"
+            if "tf32_conv" in env else "")
+    device = env.get("gpu") or env.get("device", "?")
+    return (f"device {device}{tf32}, backend {config.get('backend', '?')}, "
             f"torch {env.get('torch', '?')}, code {info.get('code_version', '?')}, "
             f"data {config.get('dataset', '?')} ({env.get('data_source', '?')})")
 
@@ -66,7 +69,7 @@ def largest(diffs: list[tuple[int, float]]) -> str:
     if not diffs:
         return "none (no round where both have it)"
     rnd, d = max(diffs, key=lambda t: abs(t[1]))
-    return f"{abs(d):.4f} at round {rnd} (over {len(diffs)} rounds)"
+    return f"{abs(d):.4g} at round {rnd} (over {len(diffs)} rounds)"
 
 
 def compare(args: argparse.Namespace) -> int:

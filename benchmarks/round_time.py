@@ -236,13 +236,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds per round: loop runs them in turn, the others stack them")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after a warm-up")
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--samples", type=int, default=500, help="samples per client")
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=None, help="default 10 (--quick: 4)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples per client; default 500 (--quick: 100)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 5 (--quick: 1)")
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--chunk-size", type=int, default=None, help="vmap: clients per stack")
     parser.add_argument("--quick", action="store_true",
-                        help="4 clients x 1 epoch x 100 samples (for a CPU)")
+                        help="4 clients x 1 epoch x 100 samples (for a CPU); --clients, "
+                             "--epochs, --samples given too win")
     parser.add_argument("--table", default=None,
                         help="also write the markdown table to this file, after every "
                              "measurement")
@@ -252,8 +254,9 @@ def main() -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.quick:
-        args.clients, args.epochs, args.samples = 4, 1, 100
+    for name, full, quick in (("clients", 10, 4), ("epochs", 5, 1), ("samples", 500, 100)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.backends is None:
         args.backends = ",".join(BACKENDS) if args.device.startswith("cuda") else "loop,vmap"
     backends = names(args.backends, list(BACKENDS), "backends")
