@@ -222,7 +222,7 @@ def names(text: str, known, what: str) -> list[str]:
 
 
 def main() -> None:
-    """Run every (model, method, backend) in a subprocess and print the table."""
+    """Measure every (method, model, backend), each in a subprocess, and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", default="cnn,resnet18,vgg16,lstm",
@@ -272,8 +272,9 @@ def main() -> None:
 
     peak = matmul_peak(torch.device(args.device))
     rows, failures = [], []
-    for model in models:
-        for algorithm in algorithms:
+    # Method by method: a run cut short (gpu_check's time limit) loses the last method's rows.
+    for algorithm in algorithms:
+        for model in models:
             for backend in backends:
                 what = f"{model}/{algorithm}/{backend}"
                 row, error = (measure_here if args.in_process else measure_apart)(
