@@ -24,6 +24,7 @@ from flnotes.cli.run import (
     run_command,
     send_nowhere,
     terminate_like_ctrl_c,
+    too_large,
 )
 from flnotes.config import (
     BACKENDS,
@@ -359,7 +360,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     loggers = parse_loggers(getattr(args, "logger", None))  # before a config is read
     return run_command(config_from_args(args), getattr(args, "seeds", None),
-                       loggers=loggers, logger_dir=getattr(args, "logger_dir", None))
+                       loggers=loggers, logger_dir=getattr(args, "logger_dir", None),
+                       threads=getattr(args, "threads", None))
+
+
+def _positive_int(text: str) -> int:
+    """A whole number >= 1 (argparse turns the ValueError into its one-line error)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
 
 
 def _seed_list(text: str) -> list[int]:
@@ -373,6 +383,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The quick-start job: a small federated run on built-in defaults, with a plot."""
     from flnotes.cli.demo import main_job
 
+    if not str(args.out).strip() or "\0" in str(args.out):
+        # Path("") is the current folder: the demo would write among whatever is there.
+        raise ValueError(f"--out {str(args.out)!r:.80} is not a folder's name; name one, or "
+                         "leave the flag out for out/demo")
     return main_job(Path(args.out), skip_notebooks=args.skip_notebooks, quick=args.quick)
 
 
@@ -380,8 +394,8 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     """Copy the notebook series into a folder to open in Jupyter."""
     from flnotes.repro.notebooks import copy_notebooks
 
+    copied = copy_notebooks(args.dest, force=args.force)  # checks the name: Path("") is "."
     dest = Path(args.dest)
-    copied = copy_notebooks(dest, force=args.force)
     print(f"copied {len(copied)} files into {dest}; open them with: jupyter lab {dest}")
     return 0
 
@@ -437,6 +451,10 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                        help="also log each round's metrics and the settings to TensorBoard "
                             "(RUN_DIR/tensorboard/) or a local MLflow store (RUN_DIR/mlruns/); "
                             "repeat it or give a comma list; metrics.jsonl stays the record")
+    p_run.add_argument("--threads", type=_positive_int, metavar="N",
+                       help="torch CPU threads for the run (default: one, or the idle cores "
+                            "for a model as large as ResNet-18; more threads than free cores "
+                            "run slower, not faster: flnotes/engine/threads.py)")
     p_run.add_argument("--logger-dir", metavar="DIR",
                        help="log into DIR/tensorboard/<run folder name>/ and DIR/mlruns/ "
                             "instead of the run folder (one place to compare runs)")
@@ -539,6 +557,11 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return exit_code(stop)
     except Exception as err:  # a fault below (a CUDA error, a bug): one line, not a traceback
+        typed = dict(getattr(args, "data_options", None) or [])
+        huge = too_large(typed, err) if isinstance(err, MemoryError) else None
+        if huge:  # a size the user typed that cannot fit: bad input, not a fault
+            print(f"error: {huge}", file=sys.stderr)
+            return 2
         print(f"error: {type(err).__name__}: {_one_line(err)} (unexpected; set "
               "FLNOTES_TRACEBACK=1 to see where)", file=sys.stderr)
         if os.environ.get("FLNOTES_TRACEBACK"):

@@ -26,7 +26,8 @@ from flnotes.messages import on_terminal
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
-                loggers: list[str] | None = None, logger_dir: str | None = None) -> int:
+                loggers: list[str] | None = None, logger_dir: str | None = None,
+                threads: int | None = None) -> int:
     """Run one configuration (or its seeds), print each round as it ends, save a curve.
 
     ``loggers`` (:data:`flnotes.engine.tracking.LOGGERS`) copy each round to TensorBoard or
@@ -45,6 +46,9 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     if config.run_dir is not None and "\0" in str(config.run_dir):
         raise ValueError(f"--run-dir {str(config.run_dir)!r:.80} holds a NUL byte; name a "
                          "folder")
+    if logger_dir is not None and not loggers:  # else silently not used (as sweep says)
+        raise ValueError("--logger-dir says where --logger writes: add --logger tensorboard "
+                         "(or mlflow)")
     if logger_dir is not None and (not str(logger_dir).strip() or "\0" in str(logger_dir)):
         raise ValueError(f"--logger-dir {str(logger_dir)!r:.80} is not a folder's name; name "
                          "one, or leave the flag out to log into the run folder")
@@ -53,25 +57,30 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     check_installed(loggers or [])  # before any data is loaded
     config.check_device()  # before any data is loaded
     if seeds:
-        return _run_seeds(config, seeds, loggers or [], logger_dir)
+        return _run_seeds(config, seeds, loggers or [], logger_dir, threads)
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config)))
     if config.dataset == "toy":
         print(TOY_NOTE)
     tracker = _tracker(config, loggers, logger_dir)
     progress = on_terminal()
-    if not progress:  # what the run would print above its bar
-        _plain_start_lines(config)
+    # What the run would print above its bar; the resume line waits for the first round
+    # (below): the engine accepts the folder (lock, settings, checkpoint) inside run(), and
+    # a folder it refuses must not be said to resume.
+    resuming = _plain_start_lines(config) if not progress else None
     printed = []
 
     def on_round(row: dict) -> None:
+        if resuming and not printed and row["round"] > 1:
+            _write_line(resuming, progress)
         printed.append(row["round"])
         _write_line(_row_line(row, config.dataset), progress)
         if tracker:
             tracker.log_round(row)
 
     try:
-        history = run(config, on_round=on_round, progress=progress, track=False)
+        history = run(config, on_round=on_round, progress=progress, track=False,
+                      threads=threads)
     except KeyboardInterrupt as stop:
         from flnotes.engine.sim import interruption_report
 
@@ -110,6 +119,24 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
 
 
 
+# A data option at or above this asks for more samples than any dataset here holds (CIFAR:
+# 50,000; LEAF's Shakespeare: about 4 million): the likely cause of a MemoryError.
+_HUGE = 10 ** 8
+
+
+def too_large(data_options: dict, err: MemoryError) -> str | None:
+    """A MemoryError as the one line naming the data option (as typed: ``--data-option``)
+    that asked for it; None: no option that large, so not the user's input, and the error
+    stays unexpected."""
+    huge = [(k, v) for k, v in data_options.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= _HUGE]
+    if not huge:
+        return None
+    named = ", ".join(f"--data-option {k}={v}" for k, v in huge)
+    why = " ".join(str(err).split())[:120] or "MemoryError"
+    return f"{named} is too large: the data do not fit in memory ({why}); give a smaller value"
+
+
 def _tracker(config: RunConfig, loggers: list[str] | None, logger_dir: str | None):
     """The run's Tracker (None without loggers): settings as the run records them."""
     if not loggers:
@@ -119,9 +146,10 @@ def _tracker(config: RunConfig, loggers: list[str] | None, logger_dir: str | Non
     return Tracker(loggers, config.run_dir, config.resolved().to_dict(), logger_dir)
 
 
-def _plain_start_lines(config: RunConfig) -> None:
-    """Without a progress bar the engine prints nothing before the first round: the
-    settings it will not use and, for a run folder it resumes, from where (as it would)."""
+def _plain_start_lines(config: RunConfig) -> str | None:
+    """Without a progress bar the engine prints nothing before the first round: print the
+    settings it will not use; return, for a run folder it would resume, the line saying
+    from where (as it would), to print once the run has accepted the folder."""
     import json
 
     from flnotes.engine.sim import ignored_settings
@@ -133,11 +161,12 @@ def _plain_start_lines(config: RunConfig) -> None:
         meta = json.loads((run_dir / "run.json").read_text())
         held = int(meta.get("checkpoint_round") or 0)
     except (OSError, ValueError, TypeError, AttributeError):
-        return  # a new folder (or one the run will name as damaged)
+        return None  # a new folder (or one the run will name as damaged)
     if meta.get("status") != "diverged" and 0 < held < config.rounds \
             and (run_dir / "checkpoint.pt").exists():
-        print(f"resuming {run_dir} from round {held}, its last checkpoint (rounds "
-              f"{held + 1}-{config.rounds} to run)", flush=True)
+        return (f"resuming {run_dir} from round {held}, its last checkpoint (rounds "
+                f"{held + 1}-{config.rounds} to run)")
+    return None
 
 
 # On the toy, "accuracy" is a yes/no about where the model ended, not a share of samples.
@@ -147,7 +176,7 @@ TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat ba
 
 
 def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
-               logger_dir: str | None) -> int:
+               logger_dir: str | None, threads: int | None = None) -> int:
     """Several seeds stacked into one batched run; per-seed and mean +- std accuracy.
 
     Loggers get each seed's rows once the seeds end (the stacked run has no per-round
@@ -165,7 +194,8 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     for line in ignored_settings(config):
         print(line, file=sys.stderr)
     try:
-        histories = run_seeds(config, seeds, progress=on_terminal(), track=False)
+        histories = run_seeds(config, seeds, progress=on_terminal(), track=False,
+                              threads=threads)
     except KeyboardInterrupt as stop:
         _say("\n".join(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}"
                         for seed in seeds))

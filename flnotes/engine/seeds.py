@@ -34,6 +34,7 @@ from flnotes.engine.history import History
 from flnotes.engine.sim import Simulation, check_config, run
 from flnotes.engine.stops import check_stop
 from flnotes.engine.tasks import build_task
+from flnotes.engine.threads import threads_for
 from flnotes.engine.tracking import environment_tracker
 
 
@@ -57,7 +58,7 @@ def seed_configs(config, seeds: list[int]) -> list:
 
 
 def run_seeds(config, seeds: list[int], *, progress: bool = True,
-              track: bool = True) -> list[History]:
+              track: bool = True, threads: int | None = None) -> list[History]:
     """Run ``config`` once per seed, the seeds' clients trained together; one History each.
 
     ``track``: as :func:`flnotes.engine.sim.run` (``FLNOTES_LOGGERS``); a stacked run has no
@@ -65,10 +66,13 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True,
     """
     configs = seed_configs(config, seeds)
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
-        return [run(c, progress=progress, track=track) for c in configs]
+        return [run(c, progress=progress, track=track, threads=threads) for c in configs]
     # Before training: a bad FLNOTES_LOGGERS is one line at once, not after every seed ran.
     trackers = [environment_tracker(c) if track else None for c in configs]
-    histories = _run_stacked(config, configs, progress)
+    # A stack trains on the GPU (the vmap backend's default): the CPU only feeds it, unless
+    # the caller asks for threads.
+    with threads_for(None, threads, on_gpu=True):
+        histories = _run_stacked(config, configs, progress)
     for tracker, history in zip(trackers, histories, strict=True):
         if tracker:
             tracker.backfill(history.rows)

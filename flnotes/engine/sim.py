@@ -91,6 +91,7 @@ from flnotes.engine.stops import (  # noqa: E402,F401
     terminate_like_ctrl_c,
 )
 from flnotes.engine.tasks import build_task, resolve_device
+from flnotes.engine.threads import threads_for
 from flnotes.engine.tracking import environment_tracker
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
@@ -337,7 +338,8 @@ class Simulation:
 
 
 def run(config, *, progress: bool = True, task=None,
-        on_round: Callable[[dict], None] | None = None, track: bool = True) -> History:
+        on_round: Callable[[dict], None] | None = None, track: bool = True,
+        threads: int | None = None) -> History:
     """Run (or resume, or reload) a federated training and return its History.
 
     ``on_round(row)`` is called with each round's metrics as soon as the round ends (the
@@ -349,8 +351,20 @@ def run(config, *, progress: bool = True, task=None,
     With ``track`` (the default), the environment's ``FLNOTES_LOGGERS`` (what ``sweep
     --logger`` sets for its cells) copies each round to TensorBoard / MLflow as well; the
     command line's ``run --logger`` keeps its own tracker and passes ``track=False``.
+
+    ``threads``: torch's CPU threads for the run (None: flnotes/engine/threads.py's rule,
+    one thread unless a large model finds idle cores); torch's count is restored after.
     """
     check_config(config)
+    if task is None:  # built here, so that the thread rule can look at its model
+        resolved = config.resolved()
+        resolved.check_device()  # before loading data: "no GPU here", not a CUDA traceback
+        task = build_task(resolved)
+    with threads_for(task, threads, on_gpu=resolve_device(config.device).type == "cuda"):
+        return _run(config, task, progress, on_round, track)
+
+
+def _run(config, task, progress: bool, on_round, track: bool) -> History:
     sim = Simulation(config, task=task)
     try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
         tracker = environment_tracker(sim.config) if track else None
