@@ -2,6 +2,7 @@
 what was written is whole (no half file for a later call to take as a finished one)."""
 
 import errno
+import fcntl
 import os
 
 from flnotes.cli.main import main
@@ -56,3 +57,51 @@ def test_notebooks_into_an_unwritable_folder_names_the_destination(tmp_path, cap
     assert main(["notebooks", str(tmp_path / "nb")]) == 2
     line = _error_line(capsys)
     assert line.startswith("error: Permission denied: " + str(tmp_path / "nb")), line
+
+
+# ---- small ones: flags that did nothing, empty paths, a resume line, a huge size -----------
+TINY = ["--num-clients", "4", "--clients-per-round", "2", "--data-option", "num_train=400",
+        "--data-option", "num_test=100", "--device", "cpu"]
+
+
+def test_run_refuses_logger_dir_without_logger_as_sweep_does(tmp_path, capsys):
+    assert main(["run", *TINY, "--rounds", "1", "--logger-dir", str(tmp_path / "logs"),
+                 "--run-dir", str(tmp_path / "r")]) == 2
+    assert _error_line(capsys) == ("error: --logger-dir says where --logger writes: add "
+                                   "--logger tensorboard (or mlflow)")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "logs").exists()
+
+
+def test_an_empty_destination_is_refused_not_the_current_folder(tmp_path, capsys,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["notebooks", ""]) == 2
+    assert "'' is not a folder's name" in _error_line(capsys)
+    assert main(["demo", "--quick", "--out", ""]) == 2
+    assert "--out '' is not a folder's name" in _error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_resume_line_comes_only_once_the_folder_is_accepted(tmp_path, capsys):
+    folder = tmp_path / "r"
+    assert main(["run", *TINY, "--rounds", "2", "--run-dir", str(folder)]) == 0
+    capsys.readouterr()
+    with open(folder / "run.lock", "a+") as held:  # another run holds the folder
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["run", *TINY, "--rounds", "3", "--run-dir", str(folder)]) == 2
+        out = capsys.readouterr()
+        assert "resuming" not in out.out + out.err, out.out
+        assert "is in use" in out.err
+    assert main(["run", *TINY, "--rounds", "3", "--run-dir", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"resuming {folder} from round 2") and \
+        lines[1].startswith("round    3"), lines
+
+
+def test_a_data_option_too_large_for_memory_is_named(tmp_path, capsys):
+    assert main(["run", "--num-clients", "4", "--clients-per-round", "2", "--rounds", "1",
+                 "--device", "cpu", "--data-option", "num_train=1000000000000",
+                 "--run-dir", str(tmp_path / "r")]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("error: --data-option num_train=1000000000000 is too large: the "
+                           "data do not fit in memory"), line
