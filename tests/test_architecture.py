@@ -7,6 +7,7 @@ so a lazy import that would close a cycle counts as much as a top-level one. Imp
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,12 @@ def test_engine_and_algorithms_meet_only_at_the_documented_modules():
     assert algorithms_to <= ALGORITHMS_READ_FROM_ENGINE, sorted(algorithms_to)
     # and neither side reaches the other's internals through a module-level cycle
     assert find_cycle(graph) is None
+
+
+def test_no_code_names_an_issue_number():
+    """Code says why in its own words: an issue's number means nothing to a reader of the
+    package (and the issue tracker is not shipped with it)."""
+    pattern = re.compile(r"\b[Ii]ssues? ?#?\d+")
+    found = [f"{path.relative_to(PACKAGE)}:{i}" for path in sorted(PACKAGE.rglob("*.py"))
+             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found

@@ -20,14 +20,14 @@ _REGISTRY = {
     "indep": "flnotes.algorithms.fedmr:Indep",  # FedMR's reference without recombination
     "fml": "flnotes.algorithms.fml:FML",
     "fedup": "flnotes.algorithms.fedup:FedUp",
-    # baselines of the FedMut, FedQP and FedMR tables (issue 17)
+    # baselines of the FedMut, FedQP and FedMR tables
     "fedexp": "flnotes.algorithms.fedexp:FedExP",
     "fedsam": "flnotes.algorithms.fedsam:FedSAM",
     "fedasam": "flnotes.algorithms.fedsam:FedASAM",
     "fedntd": "flnotes.algorithms.fedntd:FedNTD",
     "clusamp": "flnotes.algorithms.clusamp:CluSamp",
     "fedgen": "flnotes.algorithms.fedgen:FedGen",
-    # baselines of FedUp's tables (issue 12)
+    # baselines of FedUp's tables
     "scaffold": "flnotes.algorithms.scaffold:Scaffold",
     "feddyn": "flnotes.algorithms.feddyn:FedDyn",
     "fedpvr": "flnotes.algorithms.fedpvr:FedPVR",
@@ -35,6 +35,8 @@ _REGISTRY = {
     "mimelite": "flnotes.algorithms.mimelite:MimeLite",
     "stem": "flnotes.algorithms.stem:STEM",
     "fedsmoo": "flnotes.algorithms.fedsmoo:FedSMOO",
+    "fedswa": "flnotes.algorithms.fedswa:FedSWA",
+    "fedlesam": "flnotes.algorithms.fedlesam:FedLESAM",
 }
 
 

@@ -38,7 +38,7 @@ model) the first time it is held; it reaches the disk only when first put. State
 never changed in place: ``put`` replaces a client's entry, so a state_dict taken in memory
 mode stays as it was.
 
-What keeps a file the one the checkpoint means (issue 25): each file holds, beside the
+What keeps a file the one the checkpoint means: each file holds, beside the
 state, the client, the round and the run's settings hash (:attr:`ClientStateStore.settings_hash`,
 set by the engine's :func:`bind_stores`), and ``state_dict`` records each file's sha256. On
 :meth:`load_state_dict` (a resume, before its first round) every file the checkpoint names is

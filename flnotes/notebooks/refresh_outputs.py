@@ -29,7 +29,7 @@ from flnotes.repro.notebooks import quiet_kernel_manager
 
 MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
-# The notebooks a reader should see whole without running them (issue 14).
+# The notebooks a reader should see whole without running them (stored with their figures).
 SHIPPED_WITH_FIGURES = ("00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
                         "03_mutation_regions", "04_toy_race", "21_flatness")
 # Stored whole as well: the reproduction notebooks' default runs and the stored-results ones.
