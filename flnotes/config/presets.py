@@ -97,9 +97,10 @@ def fedmut_paper() -> dict[str, Any]:
     stayed stable (21.0% at round 6). Mutants sit alpha = 4 times the last global update
     away, and momentum 0.9 makes that update large: the two feed each other (in a smaller
     run, fc2's |g| / |w| grew from 0.15 to 0.32 in one round before the NaN). The inputs
-    decide how close to that edge a run sits (a check on 2026-11-25, CIFAR-10 JPEG, the code's LeNet, IID,
-    momentum 0.9, 15 rounds): on these standardised inputs flnotes diverged on 3 of 4 seeds and
-    the seed authors' own FedMut code, fed the same pixels, on 1 of 2; on the code's inputs,
+    decide how close to that edge a run sits (a check on 2026-11-25, CIFAR-10 JPEG, the
+    code's LeNet, IID, momentum 0.9, 15 rounds): on these standardised inputs flnotes
+    diverged on 3 of 4 seeds and the seed authors' own FedMut code, fed the same pixels, on 1
+    of 2; on the code's inputs,
     Normalize(0.5, 0.5), which are half as large, both stay finite on most seeds (flnotes 4 of
     6, the seed code 5 of 6 here and in the reviewer's check). So the paper's momentum 0.9 is
     usable with the code's input scaling (--data-option normalize=fedmut-code); run both when
