@@ -154,3 +154,88 @@ def test_runs_from_the_command_line_and_bad_values_are_one_line_errors(algorithm
     assert "fedswa_rho" in capsys.readouterr().err
     with pytest.raises(ValueError, match="fedswa_alpha"):
         RunConfig(algorithm=algorithm, fedswa_alpha=0.0)
+
+
+# ---- FedMoSWA -----------------------------------------------------------------------
+def test_corrected_local_steps_match_a_hand_computation():
+    torch.manual_seed(4)
+    x, y = torch.randn(5, 3), torch.tensor([1, 0, 1, 0, 0])
+    task = LinearTask(x, y)
+    config = linear_config(algorithm="fedmoswa", fedswa_rho=0.2)
+    start = OrderedDict((n, t.detach().clone()) for n, t in task.model.state_dict().items())
+    strategy = build_strategy(config, start)
+    strategy.control = OrderedDict((n, torch.randn_like(t)) for n, t in start.items())  # m
+    c_i = OrderedDict((n, torch.randn_like(t)) for n, t in start.items())
+    strategy.store.hold([0])
+    strategy.store.put(0, c_i, 0)
+    result = strategy.local_update(task, 1, 0, start, torch.Generator().manual_seed(7))
+    rates = [0.3 * (1 - 0.8 * k / 6) for k in range(6)]
+    correction = {n: strategy.control[n] - c_i[n] for n in start}  # g - c_i + m
+    expected = steps_by_hand(start, x, y, config, rates, correction)
+    for n in expected:
+        torch.testing.assert_close(result.state[n], expected[n], rtol=1e-5, atol=1e-6)
+
+
+def test_option_two_and_the_momentum_variate_on_hand_made_results():
+    config = linear_config(algorithm="fedmoswa", num_clients=4, local_epochs=1, batch_size=2,
+                           lr=0.5, fedswa_rho=0.5, fedswa_alpha=1.0, moswa_gamma=0.25)
+    x = OrderedDict(w=torch.tensor([1.0, -1.0]))
+    strategy = build_strategy(config, x)
+    m = torch.tensor([0.2, 0.4])
+    strategy.control = OrderedDict(w=m.clone())
+    strategy.store.hold([0, 1])
+    c0 = torch.tensor([1.0, 0.0])
+    strategy.store.put(0, OrderedDict(w=c0), 0)  # client 1 keeps c_1 = 0
+    y0, y1 = torch.tensor([0.0, 1.0]), torch.tensor([2.0, -3.0])
+    results = [ClientResult(0, OrderedDict(w=y0), 4, 0.0),   # K = 2: rates 0.5, 0.375
+               ClientResult(1, OrderedDict(w=y1), 6, 0.0)]   # K = 3: 0.5, 0.41667, 0.33333
+    new_x = strategy.aggregate(1, results)
+    c0_new = c0 - m + (x["w"] - y0) / 0.875
+    c1_new = 0 - m + (x["w"] - y1) / 1.25
+    torch.testing.assert_close(strategy.store.get(0)["w"], c0_new)
+    torch.testing.assert_close(strategy.store.get(1)["w"], c1_new)
+    # m <- m + gamma (1/s) sum (c_i+ - m)
+    torch.testing.assert_close(strategy.control["w"],
+                               m + 0.25 * ((c0_new - m) + (c1_new - m)) / 2)
+    torch.testing.assert_close(new_x["w"], (y0 + y1) / 2)  # alpha = 1: the uniform mean
+
+
+class NoCorrection(FedMoSWA):
+    """FedMoSWA with its control variates kept but never applied."""
+
+    def correction(self, client):
+        return None
+
+
+def test_round_one_and_without_the_correction_it_is_fedswa_bit_for_bit(tiny_config,
+                                                                       monkeypatch):
+    config = tiny_config.replace(weight_decay=1e-3)
+    fedswa = run(config.replace(algorithm="fedswa", rounds=1), progress=False)
+    fedmoswa = run(config.replace(algorithm="fedmoswa", rounds=1), progress=False)
+    assert states_allclose(fedswa.final_state, fedmoswa.final_state, rtol=0, atol=0)
+    three = config.replace(rounds=3)
+    fedswa = run(three.replace(algorithm="fedswa"), progress=False)
+    fedmoswa = run(three.replace(algorithm="fedmoswa"), progress=False)
+    assert not states_allclose(fedswa.final_state, fedmoswa.final_state, rtol=0, atol=1e-6)
+    monkeypatch.setattr(FedMoSWA, "correction", NoCorrection.correction)
+    bare = run(three.replace(algorithm="fedmoswa"), progress=False)
+    assert states_allclose(fedswa.final_state, bare.final_state, rtol=0, atol=0)
+
+
+def test_constant_rate_full_participation_and_gamma_one_is_scaffold(tiny_config):
+    # every client every round: m = mean of the fresh c_i = SCAFFOLD's c (its invariant)
+    config = tiny_config.replace(clients_per_round=6, rounds=3, weighting="uniform")
+    scaffold = run(config.replace(algorithm="scaffold"), progress=False)  # momentum 0.5
+    fedmoswa = run(config.replace(algorithm="fedmoswa", fedswa_rho=1.0, fedswa_alpha=1.0,
+                                  moswa_gamma=1.0), progress=False)
+    assert states_allclose(scaffold.final_state, fedmoswa.final_state, rtol=1e-4, atol=1e-5)
+    fedswa = run(config.replace(algorithm="fedswa", fedswa_rho=1.0, fedswa_alpha=1.0),
+                 progress=False)
+    assert not states_allclose(fedswa.final_state, fedmoswa.final_state, rtol=1e-4, atol=1e-5)
+
+
+def test_fedmoswa_defaults_are_the_papers():
+    config = RunConfig(algorithm="fedmoswa").resolved()
+    assert (config.fedswa_rho, config.fedswa_alpha, config.moswa_gamma) == (0.1, 1.5, 0.2)
+    with pytest.raises(ValueError, match="moswa_gamma"):
+        RunConfig(algorithm="fedswa", moswa_gamma=0.2)  # FedSWA does not read it

@@ -36,6 +36,7 @@ _REGISTRY = {
     "stem": "flnotes.algorithms.stem:STEM",
     "fedsmoo": "flnotes.algorithms.fedsmoo:FedSMOO",
     "fedswa": "flnotes.algorithms.fedswa:FedSWA",
+    "fedmoswa": "flnotes.algorithms.fedswa:FedMoSWA",
     "fedlesam": "flnotes.algorithms.fedlesam:FedLESAM",
 }
 
