@@ -10,6 +10,8 @@ any ClientApp.
   examples/flower_dropin/): every drop-in runs a few rounds, each client gets its own model.
 - FedExP's step on hand-made updates is ``server_step_size``'s.
 - Bad hyperparameters are one line.
+- Each drop-in's signature names Flower FedAvg's arguments (help(), an IDE) and passes them
+  on.
 """
 
 import inspect
@@ -25,6 +27,7 @@ flwr = pytest.importorskip("flwr")
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
 import flnotes  # noqa: E402
 from flnotes.algorithms import build_strategy, settings_of  # noqa: E402
@@ -262,6 +265,41 @@ def test_bad_hyperparameters_are_one_line(make, text):
         make()
     assert text in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def _mean_of_nothing(contents, key):
+    return MetricRecord({})
+
+
+def _also_nothing(contents, key):
+    return MetricRecord({})
+
+
+# One value per FedAvg argument, none of them its default.
+FEDAVG_VALUES = {"fraction_train": 0.25, "fraction_evaluate": 0.75, "min_train_nodes": 3,
+                 "min_evaluate_nodes": 4, "min_available_nodes": 5, "weighted_by_key": "n",
+                 "arrayrecord_key": "model", "configrecord_key": "settings",
+                 "train_metrics_aggr_fn": _mean_of_nothing,
+                 "evaluate_metrics_aggr_fn": _also_nothing}
+
+
+@pytest.mark.parametrize("cls", list(DROP_INS.values()), ids=lambda c: c.__name__)
+def test_each_drop_in_names_fedavgs_arguments(cls):
+    fedavg = {n: p for n, p in inspect.signature(FedAvg.__init__).parameters.items()
+              if n != "self"}
+    # a FedAvg argument the installed Flower added must be listed in the drop-ins too
+    assert sorted(FEDAVG_VALUES) == sorted(fedavg)
+    parameters = inspect.signature(cls).parameters
+    assert not [p for p in parameters.values() if p.kind is p.VAR_KEYWORD]
+    for name, parameter in fedavg.items():
+        assert parameters[name].default == parameter.default, name
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+    strategy = cls(**FEDAVG_VALUES)
+    for name, value in FEDAVG_VALUES.items():  # passed on to FedAvg unchanged
+        assert getattr(strategy, name) == value, name
+    with pytest.raises(TypeError, match="'min_train_node'") as err:
+        cls(min_train_node=3)
+    assert "did you mean 'min_train_nodes'" in str(err.value)
 
 
 def test_fedmr_segments_beyond_the_model_is_one_line_at_round_1():

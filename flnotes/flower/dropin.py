@@ -56,11 +56,13 @@ Where Flower and the engine differ, and what is decided here:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,29 +86,82 @@ def _default(method: str, setting: str) -> Any:
     return settings_of(method)[setting].default
 
 
+# Flower FedAvg's constructor arguments, which every drop-in lists and passes on unchanged.
+# They are spelled out in each signature (not taken as **kwargs) so that help(), an IDE and
+# inspect.signature show them; their defaults are read from the installed FedAvg, so a drop-in
+# left at its defaults behaves as FedAvg does.
+FEDAVG_ARGUMENTS = tuple(name for name in inspect.signature(FedAvg.__init__).parameters
+                         if name != "self")
+MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
+
+
+def _fedavg(name: str) -> Any:
+    """Flower FedAvg's default for one of its arguments."""
+    return inspect.signature(FedAvg.__init__).parameters[name].default
+
+
+def _names_checked(init: Callable) -> Callable:
+    """``init``, raising a one-line TypeError with a did-you-mean for an unknown keyword
+    (Python's own message names it but suggests nothing). ``functools.wraps`` keeps the
+    signature that help() and inspect.signature show."""
+    parameters = inspect.signature(init).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return init  # a subclass that takes any keyword checks its own
+    names = [name for name in parameters if name != "self"]
+
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in parameters or name == "self":
+                raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}"
+                                f"{did_you_mean(name, names)}")
+        init(self, *args, **kwargs)
+
+    return checked
+
+
 class DropInStrategy(FedAvg):
     """FedAvg whose round is a flnotes method's (see the module doc); subclasses name it.
 
     ``settings``: the method's flnotes settings by their RunConfig names; ``seed``: the
     seed of every draw; ``weighting``: ``"uniform"``, ``"samples"`` or None (the method's
-    default); every other keyword is FedAvg's (``fraction_train``, ``min_train_nodes``,
-    ``min_available_nodes``, ``fraction_evaluate``, ``weighted_by_key``, ...).
+    default). The other keywords are Flower FedAvg's (:data:`FEDAVG_ARGUMENTS`, with
+    FedAvg's defaults), passed on unchanged: ``fraction_train``, ``fraction_evaluate``,
+    ``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``,
+    ``weighted_by_key``, ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
+    ``evaluate_metrics_aggr_fn``.
     """
 
     method = ""  # the flnotes registry name
     # constructor argument -> flnotes setting, where the names differ (FedExP's eps)
     renamed: dict[str, str] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:  # every drop-in's constructor, a user's subclass too
+            cls.__init__ = _names_checked(cls.__dict__["__init__"])
+
+    @_names_checked
     def __init__(self, settings: dict[str, Any], *, seed: int = 0,
-                 weighting: str | None = None, **fedavg: Any) -> None:
-        known = inspect.signature(FedAvg.__init__).parameters
-        for name in fedavg:
-            if name not in known:
-                own = [p.name for p in inspect.signature(type(self).__init__).parameters.values()
-                       if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
-                raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}"
-                                f"{did_you_mean(name, own + list(known)[1:])}")
-        super().__init__(**fedavg)
+                 weighting: str | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
+        super().__init__(fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         self.settings = dict(settings)
         self.seed = seed
         self.weighting = weighting
@@ -261,9 +316,27 @@ class FedMut(DropInStrategy):
                  beta0: float = _default("fedmut", "beta0"),
                  beta_rounds: int = _default("fedmut", "beta_rounds"),
                  mutation: str = _default("fedmut", "mutation"), seed: int = 0,
-                 weighting: str | None = None, **fedavg: Any) -> None:
+                 weighting: str | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(alpha=alpha, beta0=beta0, beta_rounds=beta_rounds,
-                              mutation=mutation), seed=seed, weighting=weighting, **fedavg)
+                              mutation=mutation), seed=seed, weighting=weighting,
+                         fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
 class FedQP(DropInStrategy):
@@ -277,10 +350,28 @@ class FedQP(DropInStrategy):
                  beta0: float = _default("fedqp", "beta0"),
                  beta_rounds: int = _default("fedqp", "beta_rounds"),
                  mutation: str = _default("fedqp", "mutation"), seed: int = 0,
-                 weighting: str | None = None, **fedavg: Any) -> None:
+                 weighting: str | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(alpha=alpha, qp_prob=qp_prob, beta0=beta0,
                               beta_rounds=beta_rounds, mutation=mutation),
-                         seed=seed, weighting=weighting, **fedavg)
+                         seed=seed, weighting=weighting,
+                         fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
 class FedMR(DropInStrategy):
@@ -293,9 +384,27 @@ class FedMR(DropInStrategy):
 
     def __init__(self, *, stage1_rounds: int = _default("fedmr", "stage1_rounds"),
                  segments: int = _default("fedmr", "segments"), seed: int = 0,
-                 weighting: str | None = None, **fedavg: Any) -> None:
+                 weighting: str | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(stage1_rounds=stage1_rounds, segments=segments),
-                         seed=seed, weighting=weighting, **fedavg)
+                         seed=seed, weighting=weighting,
+                         fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
     def _sample_size(self, server_round: int) -> int:
         """K; after a failed reply, as many clients as there are models to recombine."""
@@ -317,27 +426,69 @@ class FedExP(DropInStrategy):
     def __init__(self, *, eps: float = _default("fedexp", "fedexp_eps"),
                  eps_per_client: bool = _default("fedexp", "fedexp_eps_per_client"),
                  average: bool = _default("fedexp", "fedexp_average"), seed: int = 0,
-                 weighting: str | None = None, **fedavg: Any) -> None:
+                 weighting: str | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(fedexp_eps=eps, fedexp_eps_per_client=eps_per_client,
                               fedexp_average=average), seed=seed, weighting=weighting,
-                         **fedavg)
+                         fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
 class CluSamp(DropInStrategy):
     """Clustered sampling (Fraboni et al., ICML 2021, Alg. 2): clients clustered by their
     last updates (``distance``: cosine, l1 or l2; Ward tree), one client drawn from each of
-    K distributions; the new global model is the mean of the draws."""
+    K distributions; the new global model is the mean of the draws (``aggregation``; and
+    ``similarity``: the seed code's readings, see :mod:`flnotes.algorithms.clusamp`)."""
 
     method = "clusamp"
-    renamed = {"distance": "clusamp_distance", "sketch": "clusamp_sketch"}
+    renamed = {"distance": "clusamp_distance", "sketch": "clusamp_sketch",
+               "aggregation": "clusamp_aggregation", "similarity": "clusamp_similarity"}
 
     def __init__(self, *, distance: str = _default("clusamp", "clusamp_distance"),
-                 sketch: int = _default("clusamp", "clusamp_sketch"), seed: int = 0,
-                 weighting: str | None = None, **fedavg: Any) -> None:
-        super().__init__(dict(clusamp_distance=distance, clusamp_sketch=sketch),
-                         seed=seed, weighting=weighting, **fedavg)
+                 sketch: int = _default("clusamp", "clusamp_sketch"),
+                 aggregation: str = _default("clusamp", "clusamp_aggregation"),
+                 similarity: str = _default("clusamp", "clusamp_similarity"), seed: int = 0,
+                 weighting: str | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
+        super().__init__(dict(clusamp_distance=distance, clusamp_sketch=sketch,
+                              clusamp_aggregation=aggregation,
+                              clusamp_similarity=similarity),
+                         seed=seed, weighting=weighting,
+                         fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
 DROP_INS = {cls.method: cls for cls in (FedMut, FedQP, FedMR, FedExP, CluSamp)}
 
-__all__ = ["DROP_INS", "CluSamp", "DropInStrategy", "FedExP", "FedMR", "FedMut", "FedQP"]
+__all__ = ["DROP_INS", "FEDAVG_ARGUMENTS", "CluSamp", "DropInStrategy", "FedExP", "FedMR",
+           "FedMut", "FedQP"]
