@@ -253,3 +253,20 @@ def test_the_widget_state_default_names_a_real_jupyterlab_setting():
         "`make install`")
     read, error = _get_overrides(str(settings))
     assert not error and read.get(plugin, {}).get("saveState") is True
+
+
+def test_the_readmes_methods_table_is_the_registrys(capsys):
+    """README.md's table of methods is generated (`python -m flnotes methods`): a method
+    added to the registry, or a docstring changed, shows there once the table is pasted
+    again; this fails until then. Every registered method has its row and module."""
+    from flnotes.algorithms import algorithm_names
+    from flnotes.repro.paper_tables import methods_markdown
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("<!-- methods: generated")
+    table = readme[readme.index("\n", start) + 1:readme.index("\n<!-- end of methods -->")]
+    assert table == methods_markdown()
+    rows = [line for line in table.splitlines()[2:]]
+    assert [row.split("`")[1] for row in rows] == algorithm_names()
+    assert main(["methods"]) == 0
+    assert capsys.readouterr().out.strip() == methods_markdown()

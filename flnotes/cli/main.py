@@ -43,7 +43,8 @@ Federated-learning methods to run, study and compare with their papers. Commands
 (train one configuration), demo (the quick-start job), notebooks (copy the notebook series
 into a folder), presets (the papers' settings), sweep (a YAML grid of notebook runs; --list
 shows the grids that ship), tables (the papers' tables with our results beside them),
-figures (the papers' figures from a sweep's results) and results-page (results/README.md).
+figures (the papers' figures from a sweep's results), results-page (results/README.md) and
+methods (every method, its module and paper tables).
 `python -m flnotes COMMAND --help` lists a command's flags."""
 
 
@@ -400,6 +401,14 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_methods(args: argparse.Namespace) -> int:
+    """Every registered method, as the README's table (markdown)."""
+    from flnotes.repro.paper_tables import methods_markdown
+
+    print(methods_markdown())
+    return 0
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     """List presets, or show one with the source of each value."""
     from flnotes.config.presets import describe, preset_names, preset_values, summary
@@ -497,6 +506,10 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                             help="write results/README.md from a sweep's run folders")
     page_cli.add_arguments(p_page)
     p_page.set_defaults(func=page_cli.cmd_results_page, command_parser=p_page)
+    p_methods = sub.add_parser("methods", allow_abbrev=False,
+                               help="the registered methods: flag value, paper name, what it "
+                                    "is, module, paper tables (the README's table)")
+    p_methods.set_defaults(func=cmd_methods, command_parser=p_methods)
     p_pre = sub.add_parser("presets", allow_abbrev=False,
                            help="list the named paper settings, or show one with where each "
                            "value comes from")

@@ -104,3 +104,25 @@ def load_paper_table(name: str, folder: Path = PAPER_TABLE_DIR) -> pd.DataFrame:
     for column in ("accuracy_mean", "accuracy_std"):
         table[column] = pd.to_numeric(table[column].replace("", np.nan))
     return table
+
+
+def methods_markdown(folder: Path = PAPER_TABLE_DIR) -> str:
+    """The README's table of methods, from the registry: each method's flag value, its name in
+    the papers' tables, the first line of its class's docstring, its module, and the paper
+    tables that have a column for it (`python -m flnotes methods` prints it)."""
+    from flnotes.algorithms import algorithm_class, algorithm_names
+
+    columns: dict[str, list[str]] = {}
+    for name in paper_table_names(folder):
+        for method in sorted(set(load_paper_table(name, folder)["method"])):
+            columns.setdefault(method, []).append(name)
+    lines = ["| `--algorithm` | in the papers' tables | what it is | module | paper tables |",
+             "|---|---|---|---|---|"]
+    for name in algorithm_names():
+        cls = algorithm_class(name)
+        label = cls.label or name
+        what = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).replace("|", "\\|")
+        module = cls.__module__.replace(".", "/") + ".py"
+        tables = ", ".join(columns.get(label, [])) or "—"
+        lines.append(f"| `{name}` | {label} | {what} | `{module}` | {tables} |")
+    return "\n".join(lines)
