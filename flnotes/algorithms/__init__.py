@@ -38,6 +38,7 @@ _REGISTRY = {
     "fedswa": "flnotes.algorithms.fedswa:FedSWA",
     "fedmoswa": "flnotes.algorithms.fedswa:FedMoSWA",
     "fedlesam": "flnotes.algorithms.fedlesam:FedLESAM",
+    "fedgloss": "flnotes.algorithms.fedgloss:FedGloSS",
 }
 
 
