@@ -1,6 +1,7 @@
 """Builders shared by several test modules: random tasks and starts for the engine tests,
 tiny notebooks and grid files for the sweep tests."""
 
+import json
 from collections import OrderedDict
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from conftest import DEVICE
 from nbformat.v4 import new_code_cell, new_notebook
 
 from flnotes.data.partition import dirichlet_partition
+from flnotes.engine.sim import run
+from flnotes.engine.state import states_allclose
 from flnotes.engine.tasks import Task
 from flnotes.models import build_model
 from flnotes.rng import torch_generator
@@ -91,3 +94,19 @@ def write_blocked_sweep(tmp_path: Path, body: str) -> tuple[Path, Path, Path]:
     out = tmp_path / "out"
     (out / "cells").mkdir(parents=True)
     return grid, block, out
+
+
+def assert_resumes(config, folder: Path, stop_after: int):
+    """Resume equals uninterrupted: ``config`` run to its end in one go, and stopped after
+    ``stop_after`` rounds then run again in the same folder (which resumes its checkpoint);
+    the final models must be equal bit for bit. Returns (uninterrupted, resumed) Histories
+    for the method's own checks (its metrics, its checkpointed state)."""
+    assert 0 < stop_after < config.rounds
+    full = run(config.replace(run_dir=str(folder / "full")), progress=False)
+    part = folder / "part"
+    run(config.replace(rounds=stop_after, run_dir=str(part)), progress=False)
+    resumed = run(config.replace(run_dir=str(part)), progress=False)
+    starts = json.loads((part / "run.json").read_text())["environment"]["starts"]
+    assert [s["round"] for s in starts][-1] > 1, "the second run started over, not resumed"
+    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    return full, resumed

@@ -5,6 +5,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms.base import ClientResult
@@ -98,11 +99,7 @@ def test_step_one_without_averaging_is_fedavg_bit_for_bit(tiny_config):
 
 def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedexp", rounds=4, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
     assert [r["server_step"] for r in full.rows] == [r["server_step"] for r in resumed.rows]
 
 

@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms.fedntd import FedNTD, not_true_logits, ntd_loss
@@ -100,11 +101,7 @@ def test_local_training_distils_from_the_dispatched_model(tiny_config):
 
 def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedntd", rounds=4, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert_resumes(config, tmp_path, stop_after=3)
 
 
 def test_vmap_backend_falls_back_to_the_loop(tiny_config):

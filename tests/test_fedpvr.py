@@ -6,6 +6,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms import build_strategy
@@ -87,11 +88,7 @@ def test_server_variate_is_the_mean_of_the_client_variates_under_full_participat
 def test_resume_with_clients_sampled_skipped_and_sampled_again(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedpvr", rounds=5, clients_per_round=2,
                                  checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert_resumes(config, tmp_path, stop_after=3)
 
 
 def test_the_batched_backend_gives_the_loop_s_models(tiny_config):

@@ -5,6 +5,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.config import RunConfig
@@ -81,11 +82,7 @@ def test_local_steps_duals_and_global_perturbation_by_hand(smoo_config):
 
 def test_resume_with_clients_sampled_skipped_and_sampled_again(smoo_config, tmp_path):
     config = smoo_config.replace(rounds=5, clients_per_round=2, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert_resumes(config, tmp_path, stop_after=3)
 
 
 def test_runs_on_the_toy():

@@ -8,6 +8,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms.moon import MOON, contrastive_loss
@@ -137,11 +138,7 @@ def test_previous_models_are_each_clients_last_local_model(moon_config):
 
 def test_resume_gives_the_uninterrupted_run(moon_config, tmp_path):
     config = moon_config.replace(rounds=5, clients_per_round=2, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert_resumes(config, tmp_path, stop_after=3)
 
 
 def test_the_batched_backend_falls_back_to_the_loop(moon_config):

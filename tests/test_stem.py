@@ -3,13 +3,13 @@ a = 1 reading (d is then the plain stochastic gradient), resume, the toy, bad se
 
 import pytest
 import torch
+from helpers import assert_resumes
 from torch.func import functional_call, grad
 
 from flnotes import toy
 from flnotes.config import RunConfig
 from flnotes.engine.backends import train_clients
 from flnotes.engine.sim import Simulation, run
-from flnotes.engine.state import states_allclose
 from flnotes.engine.train import batch_schedule, client_generator
 
 
@@ -96,11 +96,7 @@ def test_a_one_makes_d_the_plain_stochastic_gradient(stem_config):
 
 def test_resume_with_clients_sampled_skipped_and_sampled_again(stem_config, tmp_path):
     config = stem_config.replace(rounds=5, clients_per_round=2, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    assert_resumes(config, tmp_path, stop_after=3)
 
 
 def test_runs_on_the_toy():
