@@ -10,6 +10,8 @@ any ClientApp.
   examples/flower_dropin/): every drop-in runs a few rounds, each client gets its own model.
 - FedExP's step on hand-made updates is ``server_step_size``'s.
 - Bad hyperparameters are one line.
+- A restarted ServerApp given the state file goes on where the last run stopped and ends
+  with the uninterrupted run's model and strategy state; another run's file is refused.
 - Each drop-in's signature names Flower FedAvg's arguments (help(), an IDE) and passes them
   on.
 """
@@ -145,7 +147,7 @@ class Recording(InProcessGrid):
         return super().push_messages(messages)
 
 
-def run_plain(strategy, rounds: int = 3, grid=None):
+def run_plain(strategy, rounds: int = 3, grid=None, evaluate_fn=None):
     """``rounds`` of ``strategy`` with the example's ClientApp on six nodes, from the same
     initial model every time."""
     _, task = example_apps()
@@ -154,7 +156,8 @@ def run_plain(strategy, rounds: int = 3, grid=None):
         torch.manual_seed(0)
         model = task.Net()
     with server_identity():
-        result = strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=rounds)
+        result = strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=rounds,
+                                evaluate_fn=evaluate_fn)
     return result, grid
 
 
@@ -204,6 +207,70 @@ def test_the_seed_makes_the_mutations_reproducible():
     assert (other.sent[3].keys() != same.sent[3].keys()
             or any(largest_difference(s, other.sent[3][n]) > 0
                    for n, s in same.sent[3].items()))
+
+
+def same_values(a, b) -> bool:
+    """Nested dicts, lists, tensors and numbers equal to the last bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return (isinstance(b, dict) and list(a) == list(b)
+                and all(same_values(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(same_values(x, y) for x, y in zip(a, b, strict=True)))
+    return a == b
+
+
+RESUMED = [(FedMut, {}), (FedQP, {}), (FedMR, {"stage1_rounds": 1}), (FedExP, {}),
+           (CluSamp, {})]
+
+
+@pytest.mark.parametrize("cls, arguments", RESUMED, ids=[c.__name__ for c, _ in RESUMED])
+def test_a_restarted_server_app_resumes_from_the_state_file(cls, arguments, tmp_path):
+    """4 rounds in one go against 2 rounds, then a new strategy object (a restarted
+    ServerApp) on a new grid with the same state_file and num_rounds=4."""
+    def make(**more):
+        return cls(seed=0, fraction_train=0.5, **arguments, **more)
+
+    uninterrupted = make()
+    whole, _ = run_plain(uninterrupted, rounds=4)
+    state_file = tmp_path / "dropin-state.pt"
+    first = make(state_file=state_file)
+    run_plain(first, rounds=2)
+    assert state_file.exists() and not list(tmp_path.glob("*.tmp"))
+    restarted = make(state_file=state_file)
+    evaluated = []
+
+    def evaluate_fn(server_round, arrays):
+        evaluated.append(server_round)
+        return None
+
+    result, grid = run_plain(restarted, rounds=4, evaluate_fn=evaluate_fn)
+    assert restarted.resumed_round == 2
+    assert sorted(grid.sent) == [3, 4]  # rounds 1 and 2 are not run again
+    assert evaluated == [3, 4]
+    assert sorted(result.train_metrics_clientapp) == [3, 4]
+    assert largest_difference(record_state(result.arrays), record_state(whole.arrays)) == 0
+    assert same_values(restarted.strategy.state_dict(), uninterrupted.strategy.state_dict())
+    assert restarted.sizes == uninterrupted.sizes
+    assert restarted.nodes == uninterrupted.nodes
+    # the file now says round 4: a start at num_rounds=4 runs nothing, returns that model
+    again = make(state_file=state_file)
+    done, grid = run_plain(again, rounds=4)
+    assert again.resumed_round == 4 and grid.sent == {}
+    assert largest_difference(record_state(done.arrays), record_state(whole.arrays)) == 0
+
+
+def test_another_runs_state_file_is_refused(tmp_path):
+    state_file = tmp_path / "state.pt"
+    run_plain(FedMut(seed=0, fraction_train=0.5, state_file=state_file), rounds=1)
+    with pytest.raises(ValueError, match=r"is another run's \(seed=0, not 1\)") as err:
+        run_plain(FedMut(seed=1, fraction_train=0.5, state_file=state_file), rounds=2)
+    assert "\n" not in str(err.value)
+    state_file.write_bytes(b"not a state file")
+    with pytest.raises(ValueError, match="cannot be read"):
+        run_plain(FedMut(seed=0, fraction_train=0.5, state_file=state_file), rounds=2)
 
 
 def handmade_app(deltas: dict[int, dict], sizes: dict[int, int]) -> ClientApp:

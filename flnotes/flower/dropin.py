@@ -48,6 +48,11 @@ Where Flower and the engine differ, and what is decided here:
 - CluSamp's importance needs every client's sample count, which Flower's server learns only
   from replies: a client not heard from yet counts as the mean of those heard from (1
   before any reply). With ``weighting="uniform"`` no counts are needed.
+- Resuming: FedMut's last update, FedMR's local models and the like live in the strategy,
+  so a restarted ServerApp would start over at round 1. With ``state_file=PATH`` the
+  drop-in writes its state (round, global model, flnotes strategy's ``state_dict``,
+  federation, sample counts) to PATH after every round, atomically, and ``start`` goes on
+  from it after a restart (:meth:`DropInStrategy.start`).
 - Not offered: FedMR's ``secure_exchanges`` (a simulation of a client-to-client layer swap,
   which a Flower deployment would do between ClientApps) and the methods whose clients keep
   state or need extra local-training terms (:data:`flnotes.flower.SUPPORTED` through
@@ -60,19 +65,23 @@ import functools
 import inspect
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from flnotes.algorithms import build_strategy, settings_of
 from flnotes.algorithms.base import ClientResult
 from flnotes.config import RunConfig
+from flnotes.engine.client_state import write_atomically
 from flnotes.engine.sim import sample_clients
 from flnotes.flower.records import record_state, state_record
 from flnotes.messages import did_you_mean
@@ -125,8 +134,10 @@ class DropInStrategy(FedAvg):
 
     ``settings``: the method's flnotes settings by their RunConfig names; ``seed``: the
     seed of every draw; ``weighting``: ``"uniform"``, ``"samples"`` or None (the method's
-    default). The other keywords are Flower FedAvg's (:data:`FEDAVG_ARGUMENTS`, with
-    FedAvg's defaults), passed on unchanged: ``fraction_train``, ``fraction_evaluate``,
+    default); ``state_file``: a file to keep the run's state in, written after every round
+    and read by ``start`` (see :meth:`start`). The other keywords are Flower FedAvg's
+    (:data:`FEDAVG_ARGUMENTS`, with FedAvg's defaults), passed on unchanged:
+    ``fraction_train``, ``fraction_evaluate``,
     ``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``,
     ``weighted_by_key``, ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
     ``evaluate_metrics_aggr_fn``.
@@ -143,7 +154,7 @@ class DropInStrategy(FedAvg):
 
     @_names_checked
     def __init__(self, settings: dict[str, Any], *, seed: int = 0,
-                 weighting: str | None = None,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
                  fraction_train: float = _fedavg("fraction_train"),
                  fraction_evaluate: float = _fedavg("fraction_evaluate"),
                  min_train_nodes: int = _fedavg("min_train_nodes"),
@@ -171,6 +182,90 @@ class DropInStrategy(FedAvg):
         self.clients_per_round = 0
         self.sizes: dict[int, float] = {}  # client -> its last weighted_by_key value
         self._sent: tuple[int, dict[int, int]] | None = None  # (round, node -> client)
+        self.state_file = Path(state_file) if state_file is not None else None
+        self.resumed_round = 0  # the round the state file was written after; 0: from round 1
+        self._arrays: ArrayRecord | None = None  # the global model last handed to Flower
+
+    # ---- resuming -------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Flower's ``Strategy.start``; with a ``state_file`` that exists, from where it was
+        written.
+
+        The file holds, after round k: k, the global model returned at k, flnotes' strategy
+        (its ``state_dict``: FedMut's last update, FedMR's local models, FedExP's iterates,
+        CluSamp's representative updates), the federation and the clients' sample counts. A
+        restarted ServerApp given the same file (and the same method, settings and seed)
+        goes on at round k + 1 and ends where an uninterrupted run would: ``initial_arrays``
+        is then not read. Rounds 1..k are passed over in Flower's loop (no messages, no
+        evaluation: that run did them, and the Result holds rounds k+1.. only). The file is
+        rewritten whole after each round (a temporary file renamed over it), so a run killed
+        at any moment leaves the last finished round's state. Delete it to start over.
+        """
+        self.resumed_round = 0
+        if self.state_file is not None:
+            if not self.state_file.parent.is_dir():
+                raise ValueError(f"{type(self).__name__}'s state_file {self.state_file}: no "
+                                 f"folder {self.state_file.parent}")
+            if self.state_file.exists():
+                self._restore(self.state_file)
+                log.info("%s: resuming after round %d from %s%s", type(self).__name__,
+                         self.resumed_round, self.state_file,
+                         "" if self.resumed_round < num_rounds else
+                         f"; it is past num_rounds={num_rounds}, so no round is run")
+        if self.resumed_round and evaluate_fn is not None:
+            evaluate_fn = self._evaluating_after(self.resumed_round, evaluate_fn)
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
+
+    @staticmethod
+    def _evaluating_after(resumed: int, evaluate_fn: Callable) -> Callable:
+        """``evaluate_fn`` from round ``resumed + 1`` on: the earlier rounds, round 0's
+        initial model included, were evaluated by the run that wrote the state file."""
+        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            return None if server_round <= resumed else evaluate_fn(server_round, arrays)
+        return evaluate
+
+    def _save(self, server_round: int) -> None:
+        """The state after ``server_round``, written atomically (see :meth:`start`)."""
+        saved = {"method": self.method, "settings": self.settings, "seed": self.seed,
+                 "weighting": self.weighting, "round": server_round,
+                 "arrays": record_state(self._arrays), "strategy": self.strategy.state_dict(),
+                 "nodes": list(self.nodes), "clients_per_round": self.clients_per_round,
+                 "sizes": dict(self.sizes)}
+        write_atomically(self.state_file, lambda f: torch.save(saved, f))
+
+    def _restore(self, path: Path) -> None:
+        """This strategy as it was after the round ``path`` was written at."""
+        try:
+            # weights_only: a state file holds tensors, numbers, strings, lists and dicts;
+            # nothing in it is code to run.
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - a bad file is one line, whatever the cause
+            raise ValueError(f"{type(self).__name__}'s state_file {path} cannot be read "
+                             f"({type(err).__name__}: {str(err).splitlines()[0]}); delete it "
+                             "to start over") from None
+        ours = {"method": self.method, "settings": self.settings, "seed": self.seed,
+                "weighting": self.weighting}
+        differs = [f"{k}={saved.get(k)!r}, not {v!r}" for k, v in ours.items()
+                   if saved.get(k) != v]
+        if differs:
+            raise ValueError(f"{type(self).__name__}'s state_file {path} is another run's "
+                             f"({'; '.join(differs)}): give another file, or delete it to "
+                             "start over")
+        self.nodes = [int(n) for n in saved["nodes"]]
+        self.clients_per_round = int(saved["clients_per_round"])
+        config = self._run_config(num_clients=len(self.nodes),
+                                  clients_per_round=self.clients_per_round)
+        self.strategy = build_strategy(config, saved["strategy"]["global_state"])
+        self.strategy.load_state_dict(saved["strategy"])
+        self.sizes = {int(c): float(w) for c, w in saved["sizes"].items()}
+        self._arrays = state_record(saved["arrays"])
+        self._sent = None
+        self.resumed_round = int(saved["round"])
 
     # ---- the flnotes side ---------------------------------------------------------
     def _run_config(self, num_clients: int, clients_per_round: int) -> RunConfig:
@@ -233,10 +328,15 @@ class DropInStrategy(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
         """The method's clients, each with its own start model (one message per node)."""
+        if server_round <= self.resumed_round:
+            log.info("configure_train: round %d was run before the restart (state_file)",
+                     server_round)
+            return []
         if self.fraction_train == 0.0:
             return []
         if server_round == 1 or self.strategy is None:
             self._begin(arrays, grid)
+            self._arrays = arrays
         clients = self._select(server_round)
         starts = self.strategy.dispatch(server_round, clients)
         log.info("configure_train: %s sent %d models to %d of %d nodes", type(self).__name__,
@@ -258,6 +358,8 @@ class DropInStrategy(FedAvg):
     def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None,
                                                                       MetricRecord | None]:
         """The replies, in client order, through the method's ``aggregate``."""
+        if server_round <= self.resumed_round:  # the restored model, as that round's
+            return self._arrays, None
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if self._sent is None or self._sent[0] != server_round:
             return None, None
@@ -283,6 +385,8 @@ class DropInStrategy(FedAvg):
             loss = float(metrics.get("train_loss", math.nan))
             results.append(ClientResult(client, state, weight, loss, {}))
         if not results:
+            if self.state_file is not None:  # the round is over, the model unchanged
+                self._save(server_round)
             return None, None
         results.sort(key=lambda r: r.client)  # the engine's order: a sum's order decides bits
         state = self.strategy.aggregate(server_round, results)
@@ -291,7 +395,17 @@ class DropInStrategy(FedAvg):
                                              self.weighted_by_key)
         for name, value in self.strategy.round_metrics(None).items():
             metrics[name] = float(value)
-        return state_record(state), metrics
+        self._arrays = state_record(state)
+        if self.state_file is not None:
+            self._save(server_round)
+        return self._arrays, metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> list[Message]:
+        """FedAvg's, except for the rounds run before a restart (nothing)."""
+        if server_round <= self.resumed_round:
+            return []
+        return list(super().configure_evaluate(server_round, arrays, config, grid))
 
     def summary(self) -> None:
         """FedAvg's summary, after the method and its settings."""
@@ -316,7 +430,7 @@ class FedMut(DropInStrategy):
                  beta0: float = _default("fedmut", "beta0"),
                  beta_rounds: int = _default("fedmut", "beta_rounds"),
                  mutation: str = _default("fedmut", "mutation"), seed: int = 0,
-                 weighting: str | None = None,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
                  fraction_train: float = _fedavg("fraction_train"),
                  fraction_evaluate: float = _fedavg("fraction_evaluate"),
                  min_train_nodes: int = _fedavg("min_train_nodes"),
@@ -329,7 +443,7 @@ class FedMut(DropInStrategy):
                  evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(alpha=alpha, beta0=beta0, beta_rounds=beta_rounds,
                               mutation=mutation), seed=seed, weighting=weighting,
-                         fraction_train=fraction_train,
+                         state_file=state_file, fraction_train=fraction_train,
                          fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
                          min_evaluate_nodes=min_evaluate_nodes,
                          min_available_nodes=min_available_nodes,
@@ -350,7 +464,7 @@ class FedQP(DropInStrategy):
                  beta0: float = _default("fedqp", "beta0"),
                  beta_rounds: int = _default("fedqp", "beta_rounds"),
                  mutation: str = _default("fedqp", "mutation"), seed: int = 0,
-                 weighting: str | None = None,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
                  fraction_train: float = _fedavg("fraction_train"),
                  fraction_evaluate: float = _fedavg("fraction_evaluate"),
                  min_train_nodes: int = _fedavg("min_train_nodes"),
@@ -364,7 +478,7 @@ class FedQP(DropInStrategy):
         super().__init__(dict(alpha=alpha, qp_prob=qp_prob, beta0=beta0,
                               beta_rounds=beta_rounds, mutation=mutation),
                          seed=seed, weighting=weighting,
-                         fraction_train=fraction_train,
+                         state_file=state_file, fraction_train=fraction_train,
                          fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
                          min_evaluate_nodes=min_evaluate_nodes,
                          min_available_nodes=min_available_nodes,
@@ -384,7 +498,7 @@ class FedMR(DropInStrategy):
 
     def __init__(self, *, stage1_rounds: int = _default("fedmr", "stage1_rounds"),
                  segments: int = _default("fedmr", "segments"), seed: int = 0,
-                 weighting: str | None = None,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
                  fraction_train: float = _fedavg("fraction_train"),
                  fraction_evaluate: float = _fedavg("fraction_evaluate"),
                  min_train_nodes: int = _fedavg("min_train_nodes"),
@@ -397,7 +511,7 @@ class FedMR(DropInStrategy):
                  evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(stage1_rounds=stage1_rounds, segments=segments),
                          seed=seed, weighting=weighting,
-                         fraction_train=fraction_train,
+                         state_file=state_file, fraction_train=fraction_train,
                          fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
                          min_evaluate_nodes=min_evaluate_nodes,
                          min_available_nodes=min_available_nodes,
@@ -426,7 +540,7 @@ class FedExP(DropInStrategy):
     def __init__(self, *, eps: float = _default("fedexp", "fedexp_eps"),
                  eps_per_client: bool = _default("fedexp", "fedexp_eps_per_client"),
                  average: bool = _default("fedexp", "fedexp_average"), seed: int = 0,
-                 weighting: str | None = None,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
                  fraction_train: float = _fedavg("fraction_train"),
                  fraction_evaluate: float = _fedavg("fraction_evaluate"),
                  min_train_nodes: int = _fedavg("min_train_nodes"),
@@ -439,7 +553,7 @@ class FedExP(DropInStrategy):
                  evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(dict(fedexp_eps=eps, fedexp_eps_per_client=eps_per_client,
                               fedexp_average=average), seed=seed, weighting=weighting,
-                         fraction_train=fraction_train,
+                         state_file=state_file, fraction_train=fraction_train,
                          fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
                          min_evaluate_nodes=min_evaluate_nodes,
                          min_available_nodes=min_available_nodes,
@@ -463,7 +577,7 @@ class CluSamp(DropInStrategy):
                  sketch: int = _default("clusamp", "clusamp_sketch"),
                  aggregation: str = _default("clusamp", "clusamp_aggregation"),
                  similarity: str = _default("clusamp", "clusamp_similarity"), seed: int = 0,
-                 weighting: str | None = None,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
                  fraction_train: float = _fedavg("fraction_train"),
                  fraction_evaluate: float = _fedavg("fraction_evaluate"),
                  min_train_nodes: int = _fedavg("min_train_nodes"),
@@ -478,7 +592,7 @@ class CluSamp(DropInStrategy):
                               clusamp_aggregation=aggregation,
                               clusamp_similarity=similarity),
                          seed=seed, weighting=weighting,
-                         fraction_train=fraction_train,
+                         state_file=state_file, fraction_train=fraction_train,
                          fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
                          min_evaluate_nodes=min_evaluate_nodes,
                          min_available_nodes=min_available_nodes,
