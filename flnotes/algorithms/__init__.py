@@ -35,6 +35,7 @@ _REGISTRY = {
     "mimelite": "flnotes.algorithms.mimelite:MimeLite",
     "stem": "flnotes.algorithms.stem:STEM",
     "fedsmoo": "flnotes.algorithms.fedsmoo:FedSMOO",
+    # flat-minima methods published after the seed papers (in no seed table)
     "fedswa": "flnotes.algorithms.fedswa:FedSWA",
     "fedmoswa": "flnotes.algorithms.fedswa:FedMoSWA",
     "fedlesam": "flnotes.algorithms.fedlesam:FedLESAM",
