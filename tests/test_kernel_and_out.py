@@ -2,7 +2,11 @@
 an installed kernelspec), and a sweep's default (relative) output folder nests once."""
 
 import json
+import os
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 from helpers import write_grid, write_notebook
 
@@ -34,6 +38,60 @@ def test_the_kernel_is_this_interpreter_whatever_the_users_python3(tmp_path, mon
     spec = KernelSpecManager().get_kernel_spec(name)
     assert name == KERNEL_NAME and spec.argv[0] == sys.executable
     assert json.loads((user / "kernel.json").read_text()) == theirs
+
+
+# A process that makes the kernel folder, in a spawned worker (as a parallel sweep's) and
+# itself, and then fails; each folder's path goes to a file so the test can look for it.
+MAKES_FOLDERS = """
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+from flnotes.repro.kernel import current_kernel
+
+
+def folder():
+    current_kernel()
+    made = Path(os.environ["JUPYTER_PATH"].split(os.pathsep)[0])
+    assert (made / "kernels").is_dir()
+    return made
+
+
+def worker(record):
+    Path(record).write_text(str(folder()))
+
+
+if __name__ == "__main__":
+    here = Path(sys.argv[1])
+    child = multiprocessing.get_context("spawn").Process(target=worker,
+                                                         args=(str(here / "child.txt"),))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+    assert not Path((here / "child.txt").read_text()).exists()  # gone as the worker ended
+    (here / "parent.txt").write_text(str(folder()))
+    raise RuntimeError("the run fails")
+"""
+
+
+def test_the_kernel_folder_is_removed_when_the_process_ends(tmp_path):
+    """Each process's flnotes-jupyter-* folder is gone once it ends: a sweep's spawned
+    worker, and a process that ends on an exception."""
+    script = tmp_path / "makes_folders.py"
+    script.write_text(textwrap.dedent(MAKES_FOLDERS))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=environment,
+                          capture_output=True, text=True, timeout=300)
+    assert "the run fails" in done.stderr, done.stderr
+    assert (tmp_path / "child.txt").exists(), done.stderr  # the worker made its folder
+    made = Path((tmp_path / "parent.txt").read_text())
+    assert made.parent == temp and made.name.startswith("flnotes-jupyter-")
+    assert list(temp.iterdir()) == []
 
 
 def test_a_sweep_with_the_default_out_nests_its_run_folders_once(tmp_path, monkeypatch):
