@@ -12,6 +12,8 @@ any ClientApp.
 - Bad hyperparameters are one line.
 - A restarted ServerApp given the state file goes on where the last run stopped and ends
   with the uninterrupted run's model and strategy state; another run's file is refused.
+- Nodes that join after round 1 are sampled from then on (numbered as first seen); a node
+  that left is not sent a model; CluSamp keeps the nodes of round 1.
 - Each drop-in's signature names Flower FedAvg's arguments (help(), an IDE) and passes them
   on.
 """
@@ -151,7 +153,7 @@ def run_plain(strategy, rounds: int = 3, grid=None, evaluate_fn=None):
     """``rounds`` of ``strategy`` with the example's ClientApp on six nodes, from the same
     initial model every time."""
     _, task = example_apps()
-    grid = Recording(grid or plain_grid())
+    grid = grid if isinstance(grid, Recording) else Recording(grid or plain_grid())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = task.Net()
@@ -207,6 +209,44 @@ def test_the_seed_makes_the_mutations_reproducible():
     assert (other.sent[3].keys() != same.sent[3].keys()
             or any(largest_difference(s, other.sent[3][n]) > 0
                    for n, s in same.sent[3].items()))
+
+
+class Changing(Recording):
+    """A Recording grid whose ``late`` nodes connect after round 1 and whose ``gone`` nodes
+    disconnect after round 2 (as ``get_node_ids`` says)."""
+
+    def __init__(self, grid: InProcessGrid, late: set[int], gone: set[int]) -> None:
+        super().__init__(grid)
+        self.late, self.gone = late, gone
+
+    def get_node_ids(self):
+        hidden = (self.late if len(self.sent) < 1 else set()) | (
+            self.gone if len(self.sent) >= 2 else set())
+        return [n for n in super().get_node_ids() if n not in hidden]
+
+
+@pytest.mark.parametrize("cls, arguments", [(FedMut, {}), (FedMR, {"stage1_rounds": 1}),
+                                            (CluSamp, {})],
+                         ids=["FedMut", "FedMR", "CluSamp"])
+def test_nodes_that_join_later_are_sampled(cls, arguments):
+    """Nodes 3, 4, 5 connect after round 1; node 0 leaves after round 2. K = 2 (3 nodes at
+    round 1, min_train_nodes=2)."""
+    late = {FIRST_NODE_ID + k for k in (3, 4, 5)}
+    gone = {FIRST_NODE_ID}
+    grid = Changing(plain_grid(), late, gone)
+    strategy = cls(seed=0, fraction_train=0.5, fraction_evaluate=0.0, **arguments)
+    result, _ = run_plain(strategy, rounds=6, grid=grid)
+    assert all(torch.isfinite(t.double()).all() for t in record_state(result.arrays).values())
+    assert not set(grid.sent[1]) & late
+    later = set().union(*(grid.sent[r] for r in range(2, 7)))
+    if cls is CluSamp:  # a fixed population: the nodes of round 1
+        assert strategy.nodes == [FIRST_NODE_ID + k for k in range(3)]
+        assert not later & late
+        return
+    assert strategy.nodes == [FIRST_NODE_ID + k for k in range(6)]  # numbered as first seen
+    assert later & late
+    assert not set().union(*(grid.sent[r] for r in range(3, 7))) & gone
+    assert all(len(grid.sent[r]) == 2 for r in range(1, 7))
 
 
 def same_values(a, b) -> bool:

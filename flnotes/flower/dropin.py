@@ -30,11 +30,19 @@ Evaluation (``configure_evaluate``, ``aggregate_evaluate``, ``evaluate_fn``) is 
 
 Where Flower and the engine differ, and what is decided here:
 
-- Clients are Flower nodes: the federation is the nodes connected when round 1 is
-  configured (after waiting for ``min_available_nodes``), in node-id order: client k is the
-  k-th smallest node id. A node that connects later is not sampled. The round's sample size
-  is FedAvg's, ``max(int(N * fraction_train), min_train_nodes)``, fixed at round 1 (the
-  method's K).
+- Clients are Flower nodes, numbered as they are first seen: at round 1 (after waiting for
+  ``min_available_nodes``) client k is the k-th smallest connected node id; a node first
+  seen at a later round becomes the next client (N, N+1, ...; several at once in node-id
+  order) and keeps that number. Each round samples from the clients whose nodes are
+  connected then (``grid.get_node_ids()``): the engine's seeded sampling picks positions in
+  that list (``sample_clients`` with (seed, "sample", round) over its length), so with a
+  fixed set of nodes a run samples exactly as ``flnotes.run`` does, and with the same nodes
+  joining at the same rounds it samples the same clients again. The round's sample size is
+  FedAvg's, ``max(int(N * fraction_train), min_train_nodes)`` with N the nodes at round 1,
+  kept as the method's K (FedMR recombines K models each round), and no more than the
+  clients connected. Exception, CluSamp: its clustering holds a row per client of a fixed
+  population, so its federation stays the nodes of round 1; a node that joins later is not
+  drawn, and a node that left can still be drawn (its failed reply is left out).
 - A ``seed`` fixes the sampling and every random draw of the method (mutation signs, FedQP's
   projections, FedMR's permutations, CluSamp's draws): two runs with the same seed, nodes
   and replies send the same models. With the same seed, clients and local training, a
@@ -144,6 +152,9 @@ class DropInStrategy(FedAvg):
     """
 
     method = ""  # the flnotes registry name
+    # True when the method's state has one entry per client of a fixed population
+    # (CluSamp): later nodes are then not numbered or sampled (see the module doc).
+    fixed_federation = False
     # constructor argument -> flnotes setting, where the names differ (FedExP's eps)
     renamed: dict[str, str] = {}
 
@@ -310,9 +321,18 @@ class DropInStrategy(FedAvg):
         """K, the round's number of clients (FedMR: see its class)."""
         return self.clients_per_round
 
-    def _select(self, server_round: int) -> list[int]:
-        """The round's clients, as the engine picks them (Simulation.begin_round)."""
-        size = self._sample_size(server_round)
+    def _connected(self, grid: Grid) -> list[int]:
+        """The clients whose nodes are connected now, in client order; a node not seen
+        before becomes the next client (several: in node-id order)."""
+        connected = set(grid.get_node_ids())
+        if not self.fixed_federation:
+            self.nodes += sorted(connected - set(self.nodes))
+        return [k for k, node in enumerate(self.nodes) if node in connected]
+
+    def _select(self, server_round: int, available: list[int]) -> list[int]:
+        """The round's clients, as the engine picks them (Simulation.begin_round), from
+        ``available`` (positions in it: all clients when every node is connected)."""
+        size = min(self._sample_size(server_round), len(available))
         n = len(self.nodes)
         known = [self.sizes[c] for c in range(n) if c in self.sizes]
         fallback = sum(known) / len(known) if known else 1.0
@@ -320,8 +340,10 @@ class DropInStrategy(FedAvg):
         clients = self.strategy.select_clients(
             server_round, sizes, size, torch_generator(self.seed, "sample", server_round))
         if clients is None:
-            clients = sample_clients(SimpleNamespace(seed=self.seed, num_clients=n,
-                                                     clients_per_round=size), server_round)
+            positions = sample_clients(SimpleNamespace(seed=self.seed,
+                                                       num_clients=len(available),
+                                                       clients_per_round=size), server_round)
+            clients = [available[p] for p in positions]
         return clients
 
     # ---- Flower's hooks -------------------------------------------------------------
@@ -337,10 +359,17 @@ class DropInStrategy(FedAvg):
         if server_round == 1 or self.strategy is None:
             self._begin(arrays, grid)
             self._arrays = arrays
-        clients = self._select(server_round)
+        available = self._connected(grid)
+        clients = self._select(server_round, available) if available else []
+        if not clients:
+            log.warning("configure_train: no node is connected; round %d trains nobody",
+                        server_round)
+            self._sent = (server_round, {})
+            return []
         starts = self.strategy.dispatch(server_round, clients)
-        log.info("configure_train: %s sent %d models to %d of %d nodes", type(self).__name__,
-                 len({id(s) for s in starts}), len(clients), len(self.nodes))
+        log.info("configure_train: %s sent %d models to %d of %d connected nodes",
+                 type(self).__name__, len({id(s) for s in starts}), len(clients),
+                 len(available))
         records: dict[int, ArrayRecord] = {}  # one record per distinct start model
         messages = []
         for client, start in zip(clients, starts, strict=True):
@@ -527,6 +556,15 @@ class FedMR(DropInStrategy):
             return kept
         return self.clients_per_round
 
+    def _select(self, server_round: int, available: list[int]) -> list[int]:
+        """K clients; with fewer nodes connected than models to recombine, the models are
+        cut to one per client (the first ones kept), as a failed reply would leave them."""
+        clients = super()._select(server_round, available)
+        kept = self.strategy.local_states
+        if self.strategy.recombining(server_round) and len(clients) < len(kept):
+            self.strategy.local_states = kept[:len(clients)]
+        return clients
+
 
 class FedExP(DropInStrategy):
     """FedExP (Jhunjhunwala et al., ICLR 2023): the server moves eta_g times the mean update,
@@ -570,6 +608,7 @@ class CluSamp(DropInStrategy):
     ``similarity``: the seed code's readings, see :mod:`flnotes.algorithms.clusamp`)."""
 
     method = "clusamp"
+    fixed_federation = True  # one representative update per client of round 1
     renamed = {"distance": "clusamp_distance", "sketch": "clusamp_sketch",
                "aggregation": "clusamp_aggregation", "similarity": "clusamp_similarity"}
 
