@@ -35,7 +35,8 @@ def test_one_stored_figure_per_registered_figure_and_the_evidence_curves():
     assert drawn == len(figures.FIGURES)
     shown = "".join(t for c in code for o in c["outputs"] if o["output_type"] == "stream"
                     for t in o["text"])
-    assert f"{len(figures.FIGURES)} of {len(figures.FIGURES)} figures shown" in shown
+    assert f"{len(figures.FIGURES)} of {len(figures.FIGURES)} figures drawn from stored results" \
+        in shown
     for name in figures.FIGURES:
         assert f"--figure {name}\n" in shown, name  # its paper-scale command
 
@@ -78,3 +79,7 @@ def test_without_a_results_folder_each_figure_says_how_to_make_its_results(tmp_p
         assert "python benchmarks/paper_figures_results.py" in said[0]
         assert f"--figure {name}`" in said[0]
     assert any(line.startswith("No results/cifar10-lenet folder found") for line in lines)
+    # The count says how many figures were drawn, not how many sections were printed.
+    n = len(figures.FIGURES)
+    assert any(line.startswith(f"0 of {n} figures drawn from stored results; {n} without "
+                               "results here") for line in lines)
