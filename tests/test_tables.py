@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from flnotes.cli.main import main as cli_main
 from flnotes.repro import paper_tables, tables
 from flnotes.repro.paper_setting import paper_settings, setting_differences
 
@@ -162,7 +163,7 @@ def test_compare_difference_and_not_run(tmp_path):
 
 def test_command_line_prints_each_table(tmp_path, capsys):
     _write_run(tmp_path / "r", dict(BASE, algorithm="fedavg", seed=0), list(np.full(3, 40.0)))
-    assert tables.main([str(tmp_path), "--table", "fedmut_table1"]) == 0
+    assert cli_main(["tables", str(tmp_path), "--table", "fedmut_table1"]) == 0
     out = capsys.readouterr().out
     # BASE runs 12 rounds where the paper's setting (preset fedmut-paper) runs 2000.
     assert "fedmut_table1: 1 of 120 cells run" in out and "47.93 / 40.00* (-7.93)" in out
@@ -171,9 +172,9 @@ def test_command_line_prints_each_table(tmp_path, capsys):
 
 
 def test_command_line_refuses_a_missing_results_folder(tmp_path, capsys):
-    assert tables.main([str(tmp_path / "nonexist"), "--table", "fedmut_table1"]) == 2
+    assert cli_main(["tables", str(tmp_path / "nonexist"), "--table", "fedmut_table1"]) == 2
     assert "results folder" in capsys.readouterr().err
-    assert tables.main([str(tmp_path), "--table", "fedmut_tabel1"]) == 2
+    assert cli_main(["tables", str(tmp_path), "--table", "fedmut_tabel1"]) == 2
     assert "did you mean 'fedmut_table1'" in capsys.readouterr().err
 
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import re
-import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -558,18 +557,3 @@ def cmd_figures(args: argparse.Namespace) -> int:
         print(f"{name}: {png} (caption {text})")
         print(Path(text).read_text().rstrip())
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flnotes.repro.figures", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    try:
-        return cmd_figures(parser.parse_args(argv))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,7 +25,7 @@ as the seed papers' authors ran it (:func:`flnotes.config.presets.seed_code_base
 the ``*-official`` presets set) over each cell's preset; ``paper`` (the default) keeps each
 baseline's own paper. ``tables`` marks the cells that ran the seed code's reading.
 An axis's label is the cell's label for the axis name; the labels named dataset, model,
-heterogeneity and method key the cell into the paper table (see flnotes.tables).
+heterogeneity and method key the cell into the paper table (see flnotes.repro.tables).
 
 Every parameter is checked against the notebook's parameters cell before anything runs
 (:func:`load_grid`), and so is every cell's run: a key given twice in one mapping (YAML

@@ -511,19 +511,3 @@ def _failed_note(failed: pd.DataFrame) -> str:
         error = f": {run['error'][:160]}" if run.get("error") else ""
         lines.append(f"  {run['run_dir']} ({run['method']}, seed {run['seed']}){error}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flnotes.tables [RESULTS] [--table NAME]``."""
-    parser = argparse.ArgumentParser(prog="python -m flnotes.tables", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    try:
-        return cmd_tables(parser.parse_args(argv))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
