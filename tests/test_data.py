@@ -457,3 +457,26 @@ def test_a_wrong_normalize_is_one_line_naming_the_choices():
 
     with pytest.raises(ValueError, match="normalize"):
         RunConfig(dataset="cifar10", data_options={"normalize": "zscore"})
+
+
+def test_cifar_train_share_keeps_a_fixed_share_of_every_class(tmp_path):
+    """train_share (a CPU-scale run): round(share * n_c) training images of each class, the
+    same ones whatever the run's seed, in their original order; the test set whole."""
+    root = tmp_path / "cifar10-jpeg"
+    write_image_folder(root, CIFAR10_CLASSES, {"train": 9, "test": 1})  # 10 a class with x.jpg
+    whole = load_dataset("cifar10", data_dir=root)
+    half = load_dataset("cifar10", data_dir=root, seed=0, train_share=0.5)
+    other_seed = load_dataset("cifar10", data_dir=root, seed=7, train_share=0.5)
+    assert len(half.train_y) == 50 and torch.bincount(half.train_y).tolist() == [5] * 10
+    assert torch.equal(half.train_x, other_seed.train_x)
+    assert torch.equal(half.test_x, whole.test_x) and torch.equal(half.test_y, whole.test_y)
+    # Every kept image is one of the whole set's, kept in the whole set's order.
+    rows = [next(i for i in range(len(whole.train_x))
+                 if whole.train_y[i] == y and torch.equal(whole.train_x[i], x))
+            for x, y in zip(half.train_x, half.train_y, strict=True)]
+    assert rows == sorted(rows) and len(set(rows)) == 50
+    assert load_dataset("cifar10", data_dir=root, train_share=1.0).train_x.shape == \
+        whole.train_x.shape
+    for bad in (0, 1.5, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="train_share"):
+            load_dataset("cifar10", data_dir=root, train_share=bad)

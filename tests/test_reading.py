@@ -56,6 +56,11 @@ def test_seeds_that_disagree_cannot_tell():
 def test_a_tie_never_holds_and_one_seed_cannot_tell():
     tie = read({0: curve(50.0), 1: curve(51.0)}, {0: curve(50.0), 1: curve(51.0)})
     assert tie.verdict == CANNOT_TELL and [s.leads for s in tie.seeds] == [0, 0]
+    assert "a tie" in tie.sentence("A", "B")
+    one_tie = read({0: curve(49.0), 1: curve(51.0)}, {0: curve(50.0), 1: curve(51.0)})
+    assert one_tie.verdict == CANNOT_TELL and "a tie" in one_tie.sentence("A", "B")
+    broken = read({0: curve(float("nan")), 1: curve(52.0)}, {0: curve(50.0), 1: curve(50.0)})
+    assert broken.verdict == CANNOT_TELL and "not a number" in broken.sentence("A", "B")
     # Ahead at every evaluation, but one seed only: cannot tell.
     single = read({0: curve(60.0)}, {0: curve(50.0)})
     assert single.verdict == CANNOT_TELL and "one seed" in single.sentence("A", "B")

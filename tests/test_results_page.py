@@ -180,3 +180,21 @@ def test_the_committed_results_page_is_what_the_command_makes(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     page, _ = results_page.build_page("results/cifar10-lenet")
     assert page.read_text() == (root / "results" / "README.md").read_text()
+
+
+def test_two_runs_of_one_seed_are_an_error_not_a_silent_choice(results):
+    """An old folder beside a rerun with other settings (e.g. another weighting): the page
+    would read one of the two seed-0 FedAvg runs and not say which."""
+    import shutil
+
+    old = results / "cells" / "dir=0.1_FedAvg_seed0-00000000"
+    copy = results / "cells" / "dir=0.1_FedAvg_seed0-old"
+    shutil.copytree(old, copy)
+    folder = copy / "runs" / "fedavg" / "seed0"
+    config = dict(json.loads((folder / "config.json").read_text()), weighting="uniform",
+                  run_dir=str(folder))
+    (folder / "config.json").write_text(json.dumps(config))
+    meta = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps(dict(meta, config=config)))
+    with pytest.raises(ValueError, match="two runs of FedAvg, seed 0"):
+        results_page.build_page(results)

@@ -178,3 +178,19 @@ def test_clusamp_draws_by_data_share_and_averages_by_size_as_the_seed_code():
         hand = seed_code_aggregation([states[c] for c in strategy.picks], lens)
         for k in hand:
             torch.testing.assert_close(new[k].double(), hand[k], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dataset", ["cifar100", "femnist"])
+def test_an_official_preset_on_another_dataset_takes_that_datasets_values(dataset):
+    """run --preset fedmr-official --dataset D: the seed code's values for D, as a grid cell
+    of that preset and dataset gets them."""
+    preset = RunConfig.from_preset("fedmr-official", dataset=dataset, algorithm="fedgen",
+                                   data_options={})
+    grid = by_grid("fedmr-official", "fedgen", dataset=dataset, data_options={})
+    expected = seed_code_baselines(dataset, "FedMR")
+    assert (preset.fedgen_alpha, preset.fedgen_beta) == (expected["fedgen_alpha"],
+                                                         expected["fedgen_beta"])
+    assert method_reading(preset) == method_reading(grid)
+    # The caller's own value still wins.
+    assert RunConfig.from_preset("fedmr-official", dataset=dataset, algorithm="fedgen",
+                                 data_options={}, fedgen_alpha=1.0).fedgen_alpha == 1.0

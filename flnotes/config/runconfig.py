@@ -200,12 +200,23 @@ class RunConfig:
         may carry several methods' values: fedmut-paper with algorithm='fedprox');
         ``overrides`` are the caller's own, so an unread one is an error.
         """
-        from flnotes.config.presets import preset_names, preset_values
+        from flnotes.config.presets import (
+            BASELINE_READING,
+            SEED_REPOSITORY,
+            preset_names,
+            preset_values,
+            seed_code_baselines,
+        )
 
         if name not in preset_names():
             raise ValueError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; "
                              "list them with `python -m flnotes presets`")
         values = preset_values(name)
+        if BASELINE_READING.get(name) == "seed-code" and "dataset" in overrides:
+            # The seed code picks some baselines' values by the dataset (FedGen's in the FedMR
+            # repository): those of the dataset the run trains on, as a grid cell gets them.
+            values.update(seed_code_baselines(overrides["dataset"],
+                                              SEED_REPOSITORY.get(name) or "FedMR"))
         algorithm = overrides.get("algorithm", values.get("algorithm", "fedavg"))
         values = only_read(values, algorithm)
         values.update(overrides)

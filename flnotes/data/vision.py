@@ -170,13 +170,43 @@ def load_image_folder(root: Path, cache_dir: Path | None = None) -> dict:
 
 def load_cifar(
     data_dir: Path, download: bool, seed: int, name: str = "cifar10", coarse: bool = False,
-    normalize: str = "dataset",
+    normalize: str = "dataset", train_share: float = 1.0,
 ) -> TensorData:
     """CIFAR-10/100 from an image folder or torchvision's pickles (downloaded if asked).
 
     ``normalize``: how pixels are scaled (see NORMALIZATIONS); "dataset" by default.
+    ``train_share``: keep this share of the training images, the same share of every class
+    (a CPU-scale run; the test set is kept whole). The images kept are drawn once, from a
+    fixed stream independent of the run's seed, so every seed of a study trains on the same
+    images, and they are split over clients as the whole set would be.
     """
     _mean_std(name, normalize)  # a wrong value fails before any file is read
+    if isinstance(train_share, bool) or not isinstance(train_share, (int, float)) \
+            or not 0 < train_share <= 1:
+        raise ValueError(f"train_share={train_share!r}: give a share of the training images "
+                         "in (0, 1], e.g. 0.2 for a fifth")
+    data = _load_cifar(data_dir, download, name, coarse, normalize)
+    return data if train_share == 1 else _keep_share(data, float(train_share))
+
+
+def _keep_share(data: TensorData, share: float) -> TensorData:
+    """``data`` with ``share`` of each class's training rows (round(share * n_c), at least
+    one), chosen by a fixed permutation, kept in their original order."""
+    g = torch.Generator().manual_seed(0)  # fixed: the same images for every run seed
+    keep = []
+    for c in range(data.num_classes):
+        rows = torch.nonzero(data.train_y == c).flatten()
+        if len(rows):
+            count = max(1, round(share * len(rows)))
+            keep.append(rows[torch.randperm(len(rows), generator=g)[:count]])
+    rows = torch.cat(keep).sort().values
+    return TensorData(data.name, data.train_x[rows], data.train_y[rows], data.test_x,
+                      data.test_y, data.num_classes, source=data.source)
+
+
+def _load_cifar(data_dir: Path, download: bool, name: str, coarse: bool,
+                normalize: str) -> TensorData:
+    """The whole of CIFAR-10/100 (load_cifar's reading, before any share is taken)."""
     if coarse and name != "cifar100":
         raise ValueError(f"coarse=True exists only for cifar100, not {name}")
     num_classes = 10 if name == "cifar10" else (20 if coarse else 100)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -114,7 +115,12 @@ def task_multiply_adds(task) -> float:
 @contextlib.contextmanager
 def threads_for(task, requested: int | None, on_gpu: bool):
     """Run the block at the thread count of the rule above; torch's count is restored after
-    (the caller's process keeps its own setting)."""
+    (the caller's process keeps its own setting). Off the main thread (the toy explorers
+    race in a worker thread, and a stopped worker may still run beside the next one) the
+    process-wide count is left alone: two overlapping runs would restore each other's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     chosen = choose_threads(requested, lambda: task_multiply_adds(task), on_gpu)
     before = torch.get_num_threads()
     if chosen is not None and chosen != before:

@@ -14,8 +14,9 @@ The rule, for the pairs of runs of A and B that share a seed (same data split, s
    minus the spread; "cannot tell" otherwise, and always with a single seed (one pair
    cannot tell the method from its seed). Equal late means (d_s = 0) never hold.
 
-Used by the results page (``results_page``) and the paper figures' summaries
-(``figures``), so a claim reads the same everywhere.
+Used by the results page (``results_page``); the paper figures' summaries (``figures``)
+still compare their lines at the last common round (at smoke scale, where a reading by
+seeds would say nothing), so they do not use it yet.
 """
 
 from __future__ import annotations
@@ -76,9 +77,13 @@ class Reading:
             why = f"every seed leads by more than the seeds' spread ({self.spread:.2f})"
         elif self.verdict == DOES_NOT_HOLD:
             why = f"every seed trails by more than the seeds' spread ({self.spread:.2f})"
+        elif any(math.isnan(d) for d in differences):
+            why = "a late mean is not a number (a run with a non-finite accuracy)"
         elif len(self.seeds) == 1:
             why = "one seed cannot tell a method from its seed"
-        elif min(differences) <= 0 < max(differences) or max(differences) == 0:
+        elif any(d == 0 for d in differences):
+            why = "a seed's late means are equal (a tie)"
+        elif min(differences) < 0 < max(differences):
             why = "the seeds disagree on the sign"
         else:
             smallest = min(abs(d) for d in differences)

@@ -94,7 +94,17 @@ def _groups(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
 
 
 def late_reading(method_runs: list[Run], base_runs: list[Run]) -> Reading:
-    """The reading rule on each seed's pair of runs (the method's and FedAvg's)."""
+    """The reading rule on each seed's pair of runs (the method's and FedAvg's). Two runs of
+    one method, setting and seed (two settings of one cell, e.g. an old folder beside a rerun)
+    are an error naming both: the page would otherwise read one and not say which."""
+    for runs in (method_runs, base_runs):
+        seen: dict[int, Run] = {}
+        for run in runs:
+            if run.seed in seen:
+                raise ValueError(f"two runs of {run.labels['method']}, seed {run.seed}, in "
+                                 f"{', '.join(map(str, _setting(run)))}: "
+                                 f"{seen[run.seed].run_dir} and {run.run_dir}; move one away")
+            seen[run.seed] = run
     return read({run.seed: _accuracy(run) for run in method_runs},
                 {run.seed: _accuracy(run) for run in base_runs})
 
