@@ -174,3 +174,14 @@ def test_no_code_names_an_issue_number():
     found = [f"{path.relative_to(PACKAGE)}:{i}" for path in sorted(PACKAGE.rglob("*.py"))
              for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, found
+
+
+def test_the_package_names_no_path_of_the_machine_it_was_written_on():
+    """flnotes/ (code, notebooks, grids) works in any clone or wheel: no /work/... or
+    ../shared/... path of the workplace it was written in."""
+    pattern = re.compile(r"/work/|\.\./shared|/tmp/data")
+    found = [f"{path.relative_to(PACKAGE)}:{i}"
+             for path in sorted(PACKAGE.rglob("*")) if path.suffix in (".py", ".ipynb", ".yaml")
+             for i, line in enumerate(path.read_text().splitlines(), 1)
+             if pattern.search(line) and "image/png" not in line]
+    assert not found, found
