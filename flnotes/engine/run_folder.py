@@ -130,22 +130,36 @@ def lock_folder(run_dir: Path):
     except OSError as err:
         raise RunFolderError(f"cannot use run folder {run_dir}: {_os_reason(err)}") from None
     try:
+        held = hold_lock(handle)
+    except OSError as err:  # a full disk
+        raise _write_error(err, run_dir) from None
+    if isinstance(held, str):
+        raise RunFolderError(f"run folder {run_dir} is in use by {held}; wait for that run "
+                             "to end, or choose another run_dir") from None
+    return held
+
+
+def hold_lock(handle):
+    """Take ``handle``'s file with ``fcntl.flock`` and write who holds it: the open file
+    (closing it lets go; the kernel drops it when the process ends), or the holder's line
+    ("pid N on HOST since T") when another process holds it (``handle`` is then closed).
+    An OSError while writing the line closes the file and is raised."""
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        raise RunFolderError(f"run folder {run_dir} is in use by {holder}; wait for that run "
-                             "to end, or choose another run_dir") from None
+        return holder
     try:
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
-    except OSError as err:  # a full disk
+    except OSError:
         handle.close()
-        raise _write_error(err, run_dir) from None
+        raise
     return handle
 
 

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -37,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from flnotes.engine.client_state import write_atomically
-from flnotes.engine.run_folder import NO_SPACE, disk_full
+from flnotes.engine.run_folder import NO_SPACE, disk_full, hold_lock
 from flnotes.engine.stops import send_nowhere
 from flnotes.engine.tracking import logger_environment, prepare_store
 from flnotes.repro import REPO_ROOT
@@ -158,20 +156,7 @@ EXIT_ELSEWHERE = 3
 def _lock_cell(folder: Path):
     """Hold the cell's ``cell.lock``: the open file (closing it lets go), or the holder's
     line ("pid N on HOST since T") when another process runs the cell."""
-    handle = open(folder / "cell.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        return holder
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                 f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    handle.flush()
-    return handle
+    return hold_lock(open(folder / "cell.lock", "a+"))
 
 
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
