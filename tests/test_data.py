@@ -339,7 +339,8 @@ def test_loader_options_come_from_the_real_loaders_signature():
     assert shakespeare["max_roles"].kind is int and shakespeare["max_roles"].optional
     assert shakespeare["seq_len"].default == 80 and not shakespeare["seq_len"].optional
     # name is bound by the registry
-    assert set(loader_options("cifar10")) == {"coarse", "normalize"}
+    assert set(loader_options("cifar10")) == {"coarse", "normalize", "train_share"}
+    assert loader_options("cifar10")["train_share"].kind is float
     assert set(loader_options("mnist")) == {"normalize"}
     assert loader_options("synthetic")["noise"].kind is float
 

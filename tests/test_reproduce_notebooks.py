@@ -167,5 +167,5 @@ def test_notebook_20_without_the_repository_results_says_where_its_figure_came_f
     exec("".join(cell["source"]), {})
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1, lines
-    assert "repository's own run" in lines[0]
+    assert "stored in this notebook as the flnotes repository ships it" in lines[0]
     assert "python benchmarks/seed_code_baselines.py" in lines[0]
