@@ -126,7 +126,10 @@ def test_differences_beside_the_papers(results):
     # cannot tell. FedQP Table I iid: 61.15 - 57.46 = +3.69
     assert "| +1.50 ± 0.71 | 0: +1.00, 10/10; 1: +2.00, 6/6 | cannot tell | +3.69 |" in qp
     papers = row_of(text, PAPERS, "CIFAR-10", "CNN", "dir=0.1", "FedQP")
-    assert papers.endswith("| — | 53.04 | — |")  # FedMut Table 1 has no FedQP column
+    assert papers.endswith("| — | 53.04 |")  # FedMut Table 1 has no FedQP column
+    # a table with no cell for these settings (FedMR Table 1 has no CNN cells) has no column
+    head = [line for line in text.split(f"## {PAPERS}\n", 1)[1].splitlines() if line][0]
+    assert head.endswith("| fedmut_table1 | fedqp_tableI |")
     reading = text.split("## Reading")[1]
     assert ("CIFAR-10, CNN, dir=0.1: FedMut > FedAvg holds: every seed leads by more than the "
             "seeds' spread (1.00). Mean over the last 10 evaluations (rounds 155-200) of FedMut "
@@ -198,3 +201,61 @@ def test_two_runs_of_one_seed_are_an_error_not_a_silent_choice(results):
     (folder / "run.json").write_text(json.dumps(dict(meta, config=config)))
     with pytest.raises(ValueError, match="two runs of FedAvg, seed 0"):
         results_page.build_page(results)
+
+
+@pytest.fixture
+def fml_results(tmp_path) -> Path:
+    """An FML-style sweep output: FedAvg, FedProx and FML, shards (1), 100 rounds, its grid on
+    FML Table 1; FML's rows also carry personal_accuracy, 10 + seed points above its global
+    accuracy."""
+    root = tmp_path / "results" / "fml"
+    offsets = {"fedavg": 0.0, "fedprox": -0.01, "fml": 0.01}
+    names = {"fedavg": "FedAvg", "fedprox": "FedProx", "fml": "FML"}
+    for method, offset in offsets.items():
+        for seed in (0, 1):
+            cell = root / "cells" / f"shards-1_{names[method]}_seed{seed}-0000000{seed}"
+            run_dir = cell / "runs" / method / f"seed{seed}"
+            run_dir.mkdir(parents=True)
+            config = {"algorithm": method, "dataset": "cifar10", "model": "lenet-cifar",
+                      "partition": "shards", "rounds": 100, "seed": seed, "eval_every": 5,
+                      "run_dir": str(run_dir)}
+            (run_dir / "config.json").write_text(json.dumps(config))
+            (run_dir / "run.json").write_text(json.dumps({"config": config,
+                                                          "status": "completed"}))
+            rows = []
+            for r in range(1, 101):
+                row = {"round": r, "train_loss": 1.0}
+                if r % 5 == 0:
+                    row["accuracy"] = 0.2 + r / 1000 + offset
+                    if method == "fml":
+                        row["personal_accuracy"] = row["accuracy"] + 0.10 + seed / 100
+                rows.append(row)
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (cell / "cell.json").write_text(json.dumps(
+                {"paper_table": "fml_table1", "labels": {
+                    "dataset": "CIFAR-10", "model": "CNN2", "heterogeneity": "shards-1",
+                    "method": names[method]}, "status": "completed"}))
+    return root
+
+
+def test_a_baseline_reads_beside_its_grids_table_and_personal_models_beside_global(fml_results):
+    page, _ = results_page.build_page(fml_results)
+    text = page.read_text()
+    # 100 planned rounds: the accuracy table shows its quarters
+    assert "| round 25 | round 50 | round 75 | round 100 | final |" in text
+    # FedProx is a baseline: read beside the grid's table (FML Table 1: 80.88 - 82.64)
+    prox = row_of(text, DIFFERENCES, "CIFAR-10", "CNN2", "shards-1", "FedProx − FedAvg")
+    assert "| -1.00 ± 0.00 |" in prox and "| does not hold | -1.76 |" in prox
+    assert "FedProx 80.88, FedAvg 82.64 (fml_table1)" in prox
+    fml = row_of(text, DIFFERENCES, "CIFAR-10", "CNN2", "shards-1", "FML − FedAvg")
+    assert "| +0.05 |" in fml  # FML Table 1: 82.69 - 82.64
+    head = [line for line in text.split(f"## {PAPERS}\n", 1)[1].splitlines() if line][0]
+    assert head.endswith("| ours (final) | fml_table1 |")
+    # round 100: global 20 + 10 + 1 = 31 (both seeds), personal 41 and 42; personal minus
+    # global: +10 and +11 points in every evaluation; spread 1: holds
+    personal = row_of(text, "Personal models", "CIFAR-10", "CNN2", "shards-1", "FML")
+    assert personal == ("| CIFAR-10 | CNN2 | shards-1 | FML | 0, 1 | 41.50 ± 0.71 | "
+                        "31.00 ± 0.00 | +10.50 ± 0.71 | holds |")
+    assert ("CIFAR-10, CNN2, shards-1: FML's personal models > its global model holds"
+            in text.split("## Reading")[1])
+    assert "FedAvg" not in text.split("## Personal models")[1].split("## Reading")[0]

@@ -48,6 +48,7 @@ class Run:
     status: str
     rows: list[dict]
     run_dir: str
+    paper_table: str | None = None  # the table its grid lands on (cell.json), if any
 
     def value(self, key: str):
         """A label (dataset, model, heterogeneity, method) or else a config field; None if
@@ -80,8 +81,9 @@ def load_runs(results: str | Path) -> list[Run]:
         rows = tables.read_metric_rows(folder / "metrics.jsonl",
                                        running=row["status"] == "running")
         labels = {k: row[k] for k in ("dataset", "model", "heterogeneity", "method")}
+        table = row.get("paper_table")
         runs.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
-                        rows, str(folder)))
+                        rows, str(folder), table if isinstance(table, str) and table else None))
     return runs
 
 

@@ -8,15 +8,17 @@ folder gives the same page. It holds
 
 - the learning curves: per setting (dataset, model, heterogeneity) one panel, per method the
   mean test accuracy over seeds and a band from the lowest to the highest seed;
-- our test accuracy at rounds 50, 100, 150 and 200 and at each run's last evaluation, per
-  method and setting: mean +- sample std over seeds (the evaluation at that round, or the last
-  one before it, for runs that got there);
+- our test accuracy at the quarters of the planned rounds (50, 100, 150, 200 for 200) and at
+  each run's last evaluation, per method and setting: mean +- sample std over seeds (the
+  evaluation at that round, or the last one before it, for runs that got there);
 - each method minus FedAvg per setting, read by the reading rule (flnotes.repro.reading): per
   seed, the mean difference over the late window (the last quarter of the evaluations both
   runs of the seed have) and at how many of them the method is ahead; holds / does not hold /
-  cannot tell; beside the papers' difference for the same cell (FedMut Table 1 for FedMut,
-  FedQP Table I for FedQP, FedMR Table 1 for FedMR; flnotes.repro.paper_tables) and the
-  papers' cells themselves;
+  cannot tell; beside the papers' difference for the same cell (a seed method's own paper:
+  FedMut Table 1, FedQP Table I, FedMR Table 1, FML Table 1; a baseline: the table its grid
+  lands on; flnotes.repro.paper_tables) and the papers' cells themselves;
+- for methods with personal models (FML): personal against global accuracy, read the same
+  way;
 - the reading: that verdict as a sentence per difference, and how far from converged.
 
 Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
@@ -39,35 +41,52 @@ from flnotes.repro.paper_tables import load_paper_table
 from flnotes.repro.reading import Reading, read
 from flnotes.repro.tables import sample_std
 
-ROUNDS = (50, 100, 150, 200)
 BASELINE = "FedAvg"
-# method -> the paper table whose difference to FedAvg sits beside ours
-PAPER_OF = {"FedMut": "fedmut_table1", "FedQP": "fedqp_tableI", "FedMR": "fedmr_table1"}
-PAPER_TABLES = ("fedmut_table1", "fedqp_tableI", "fedmr_table1")
+# a seed method -> its own paper's table, whose difference to FedAvg sits beside ours; any
+# other method (a baseline) is read against the table its grid lands on (cell.json)
+PAPER_OF = {"FedMut": "fedmut_table1", "FedQP": "fedqp_tableI", "FedMR": "fedmr_table1",
+            "FML": "fml_table1"}
+# the order of the papers' columns; only tables with a cell for a setting on the page show
+PAPER_TABLES = ("fedmut_table1", "fedqp_tableI", "fedmr_table1", "fml_table1",
+                "fedmut_table2", "fedqp_tableII", "fedup_table4", "fedup_table5")
 SETTING = ("dataset", "model", "heterogeneity")
+PERSONAL = "personal_accuracy"  # FML's personal models, on each client's held-out rows
+
+
+def checkpoints(runs: list[Run]) -> tuple[int, ...]:
+    """The rounds the accuracy table shows: the quarters of the longest planned run (50, 100,
+    150, 200 for 200 rounds)."""
+    planned = max((int(run.config.get("rounds") or 0) for run in runs), default=0)
+    planned = max(planned, max((r["round"] for run in runs for r in run.rows), default=0), 4)
+    return tuple(sorted({round(planned * q / 4) for q in (1, 2, 3, 4)}))
+
+
+def paper_table_of(method: str, runs: list[Run]) -> str | None:
+    """The table whose cells a method's difference to FedAvg is read beside."""
+    return PAPER_OF.get(method) or next((r.paper_table for r in runs if r.paper_table), None)
 
 
 def _setting(run: Run) -> tuple[str, str, str]:
     return tuple(str(run.labels[k]) for k in SETTING)
 
 
-def _accuracy(run: Run) -> tuple[np.ndarray, np.ndarray]:
-    return run.curve(("accuracy",))
+def _accuracy(run: Run, metric: str = "accuracy") -> tuple[np.ndarray, np.ndarray]:
+    return run.curve((metric,))
 
 
-def accuracy_at(run: Run, round_: int) -> float | None:
+def accuracy_at(run: Run, round_: int, metric: str = "accuracy") -> float | None:
     """Test accuracy (%) at ``round_``: its evaluation there or the last one before it; None
     if the run has not reached that round."""
     last = max((r["round"] for r in run.rows), default=0)
-    rounds, values = _accuracy(run)
+    rounds, values = _accuracy(run, metric)
     if last < round_ or not len(rounds) or rounds[0] > round_:
         return None
     return float(values[rounds <= round_][-1])
 
 
-def final(run: Run) -> tuple[int, float] | None:
+def final(run: Run, metric: str = "accuracy") -> tuple[int, float] | None:
     """(round, accuracy %) of the run's last evaluation."""
-    rounds, values = _accuracy(run)
+    rounds, values = _accuracy(run, metric)
     return (int(rounds[-1]), float(values[-1])) if len(rounds) else None
 
 
@@ -191,6 +210,11 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
             (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({seeds})")
             if len(curves) > 1:
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
+            personal = [c for c in (_accuracy(r, PERSONAL) for r in runs) if len(c[0])]
+            if personal:  # dashed, the method's colour: its personal models
+                x, mean, _, _ = mean_band(personal)
+                ax.plot(x, mean, lw=1.2, ls="--", color=line.get_color(),
+                        label=f"{method} personal models")
         ax.set_title(", ".join(setting), fontsize=10)
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
@@ -231,6 +255,8 @@ def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path
 def page_text(results: Path, groups: dict, png: str) -> str:
     papers = _paper_cells()
     runs = [r for by_method in groups.values() for rs in by_method.values() for r in rs]
+    at_rounds = checkpoints(runs)
+    shown_tables = [t for t in PAPER_TABLES if any((t, *setting) in papers for setting in groups)]
     statuses = {}
     for run in runs:
         statuses[run.status] = statuses.get(run.status, 0) + 1
@@ -255,8 +281,8 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "final: each run's last evaluation.",
         "",
         "| dataset | model | heterogeneity | method | seeds | rounds (per seed / planned) | "
-        + " | ".join(f"round {r}" for r in ROUNDS) + " | final |",
-        "|" + "---|" * (7 + len(ROUNDS)),
+        + " | ".join(f"round {r}" for r in at_rounds) + " | final |",
+        "|" + "---|" * (7 + len(at_rounds)),
     ]
     for setting, by_method in groups.items():
         for method, method_runs in by_method.items():
@@ -264,7 +290,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
                                 for run in method_runs)
             planned = sorted({str(run.config.get("rounds")) for run in method_runs})
             at = [_mean_std([v for v in (accuracy_at(run, r) for run in method_runs)
-                             if v is not None], of=len(method_runs)) for r in ROUNDS]
+                             if v is not None], of=len(method_runs)) for r in at_rounds]
             finals = [f for f in (final(run) for run in method_runs) if f is not None]
             rounds = sorted({r for r, _ in finals})
             where = "" if not rounds else f" (round {rounds[0]})" if len(rounds) == 1 else \
@@ -295,7 +321,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
             if method == BASELINE or not base:
                 continue
             result = late_reading(by_method[method], base)
-            table = PAPER_OF.get(method)
+            table = paper_table_of(method, by_method[method])
             cells = papers.get((table, *setting), {})
             paper = (cells[method] - cells[BASELINE]
                      if method in cells and BASELINE in cells else None)
@@ -313,17 +339,19 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "## The papers' cells beside our final accuracy",
         "",
         "| dataset | model | heterogeneity | method | ours (final) | "
-        + " | ".join(PAPER_TABLES) + " |",
-        "|---|---|---|---|---|" + "---|" * len(PAPER_TABLES),
+        + " | ".join(shown_tables) + " |",
+        "|---|---|---|---|---|" + "---|" * len(shown_tables),
     ]
     for setting, by_method in groups.items():
         for method, method_runs in by_method.items():
             finals = [v for f in (final(run) for run in method_runs) if f is not None
                       for v in [f[1]]]
-            paper = [papers.get((t, *setting), {}).get(method) for t in PAPER_TABLES]
+            paper = [papers.get((t, *setting), {}).get(method) for t in shown_tables]
             lines.append(f"| {' | '.join(setting)} | {method} | {_mean_std(finals)} | "
                          + " | ".join("—" if v is None else f"{v:.2f}" for v in paper)
                          + " |")
+    personal_lines, personal_readings = personal_section(groups)
+    lines += personal_lines
     lines += [
         "",
         "## Reading",
@@ -332,10 +360,54 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         "",
         progress(runs),
         *(readings or ["- no method's run beside a FedAvg run yet."]),
+        *personal_readings,
         *convergence(groups),
         "",
     ]
     return "\n".join(lines)
+
+
+def personal_section(groups: dict[tuple, dict[str, list[Run]]]) -> tuple[list[str], list[str]]:
+    """For methods with personal models (FML): each run's personal accuracy (the mean over
+    clients, each on its own held-out rows) beside its global model's test accuracy, and the
+    reading of "personal > global" over the same seeds. The two are read on different data
+    (a client's own distribution against the whole test set), which is the point of a
+    personal model under non-IID data; the page says so."""
+    rows, readings = [], []
+    for setting, by_method in groups.items():
+        for method, method_runs in by_method.items():
+            with_personal = [r for r in method_runs if len(_accuracy(r, PERSONAL)[0])]
+            if not with_personal:
+                continue
+            personal = [f[1] for f in (final(r, PERSONAL) for r in with_personal) if f]
+            overall = [f[1] for f in (final(r) for r in with_personal) if f]
+            result = read({r.seed: _accuracy(r, PERSONAL) for r in with_personal},
+                          {r.seed: _accuracy(r) for r in with_personal})
+            rows.append(f"| {' | '.join(setting)} | {method} | "
+                        f"{', '.join(str(r.seed) for r in with_personal)} | "
+                        f"{_mean_std(personal)} | {_mean_std(overall)} | "
+                        f"{_mean_std([s.difference for s in result.seeds], signed=True)} | "
+                        f"{result.verdict} |")
+            readings.append(f"- {', '.join(setting)}: "
+                            + result.sentence(f"{method}'s personal models",
+                                              "its global model"))
+    if not rows:
+        return [], []
+    return [
+        "",
+        "## Personal models",
+        "",
+        "Personal accuracy: each client's personal model on the client's own held-out rows, "
+        "mean over clients; global: the shared model on the whole test set. Final "
+        "evaluations, mean ± std over seeds; the difference and verdict by the reading rule "
+        "(personal minus global over the late window). Different test data: a personal "
+        "model is meant for its own client's distribution.",
+        "",
+        "| dataset | model | heterogeneity | method | seeds | personal (final) | "
+        "global (final) | personal − global (late mean) | reading |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ], readings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
