@@ -259,3 +259,42 @@ def test_a_baseline_reads_beside_its_grids_table_and_personal_models_beside_glob
     assert ("CIFAR-10, CNN2, shards-1: FML's personal models > its global model holds"
             in text.split("## Reading")[1])
     assert "FedAvg" not in text.split("## Personal models")[1].split("## Reading")[0]
+
+
+def test_a_notebook_shows_the_pages_reading_or_says_in_one_line_where_it_is(
+        results, tmp_path_factory, monkeypatch, capsys):
+    """flnotes.repro.evidence: the notebooks' view of a committed study is the results page's
+    own tables and reading (found from any folder below the repository), and without the
+    results folder one line naming the grid that makes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from flnotes.repro import evidence
+
+    page, _ = results_page.build_page(results)
+    deep = results.parent.parent / "notebooks" / "copy"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    assert evidence.find("evidence") == results
+    _, _, text = evidence.load("evidence")
+    shown = evidence.sections(text)
+    for section in ("Differences to FedAvg, beside the papers'", "Reading"):
+        part = page.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0].strip()
+        assert f"### {section}\n\n{part}" in shown
+    assert OURS not in shown and PAPERS not in shown
+    monkeypatch.setattr(evidence, "STUDIES", {**evidence.STUDIES, "evidence": evidence.Study(
+        "benchmarks/x.yaml", "x.md", "a minute")})
+    assert evidence.show("evidence") is not None
+    assert capsys.readouterr().out.startswith("12 runs under results/evidence (11 completed")
+    monkeypatch.chdir(tmp_path_factory.mktemp("no-results"))  # no results/ above it
+    assert evidence.show("evidence") is None
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert "No results/evidence folder" in line and "sweep benchmarks/x.yaml" in line
+
+
+def test_every_study_names_a_grid_that_exists():
+    from flnotes.repro import evidence
+
+    root = Path(__file__).resolve().parent.parent
+    for name, study in evidence.STUDIES.items():
+        assert (root / study.grid).is_file(), name

@@ -103,7 +103,7 @@ def _mean_std(values: list[float], of: int | None = None, signed: bool = False) 
     return text
 
 
-def _groups(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
+def by_setting(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
     """setting -> method -> runs (by seed), everything sorted."""
     out: dict[tuple, dict[str, list[Run]]] = {}
     for run in sorted(runs, key=lambda r: (_setting(r), str(r.labels["method"]), r.seed)):
@@ -242,7 +242,7 @@ def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path
     out = Path(out) if out else results.resolve().parent / "README.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.parent / f"{results.resolve().name}-curves.png"
-    groups = _groups(runs)
+    groups = by_setting(runs)
     import matplotlib.pyplot as plt
 
     fig = curves_figure(groups)

@@ -1,0 +1,96 @@
+"""The committed real-data evidence, as the reproduction notebooks open on it.
+
+Each study is one sweep grid in ``benchmarks/`` whose run folders are committed under
+``results/<name>/`` (config.json, run.json, metrics.jsonl per run). ``show(name)`` draws the
+study's learning curves and its reading exactly as the results page does
+(flnotes.repro.results_page: the same figure, the same tables, the reading rule of
+flnotes.repro.reading), from the runs there when it is called. Without the repository's
+results folder above the working directory (a wheel, or notebooks copied by ``flnotes
+notebooks DEST``) it prints one line: where the stored picture comes from and the command
+that makes the runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flnotes.repro import figures, results_page
+
+
+@dataclass(frozen=True)
+class Study:
+    """One committed real-data study: its grid, its results folder and what it costs."""
+
+    grid: str  # the grid file, relative to the repository
+    page: str  # its generated page, relative to results/
+    cost: str  # CPU cost as measured, for the one-line message
+
+
+STUDIES = {
+    "cifar10-lenet": Study("benchmarks/cifar10_lenet_evidence.yaml", "README.md",
+                           "about 6.5 CPU-seconds a round on one thread, 200 rounds a run"),
+    "fml-cifar10": Study("benchmarks/fml_cifar10_evidence.yaml", "fml-cifar10.md",
+                         "2.5-4.5 CPU-seconds a round on one thread, 100 rounds a run"),
+    "shakespeare-plays": Study("benchmarks/shakespeare_evidence.yaml", "shakespeare-plays.md",
+                               "see the grid's header"),
+}
+# the page's sections a notebook shows under the curves
+SECTIONS = ("Differences to FedAvg, beside the papers'", "Personal models", "Reading")
+
+
+def find(name: str, start: Path | None = None) -> Path | None:
+    """``results/<name>`` in the first folder at or above ``start`` (the working directory)
+    that has it, or None."""
+    start = Path.cwd() if start is None else Path(start)
+    return next((p / "results" / name for p in [start, *start.parents]
+                 if (p / "results" / name / "cells").is_dir()), None)
+
+
+def missing_line(name: str) -> str:
+    """What a notebook prints where there is no results folder to read."""
+    study = STUDIES[name]
+    return (f"No results/{name} folder here or above, so nothing to draw: the picture and "
+            f"reading stored in this notebook come from the flnotes repository's committed "
+            f"runs (results/{name}, page results/{study.page}); in a clone with the data, "
+            f"`python -m flnotes sweep {study.grid} --set data_dir=DATA --out results/{name} "
+            f"--workers 1` makes them ({study.cost}).")
+
+
+def sections(text: str, wanted: tuple[str, ...] = SECTIONS) -> str:
+    """The ``## `` sections of a page named in ``wanted``, in the page's order."""
+    parts = text.split("\n## ")
+    kept = [part for part in parts[1:] if part.split("\n", 1)[0] in wanted]
+    return "\n".join("### " + part.strip() + "\n" for part in kept)
+
+
+def load(name: str, folder: Path | None = None):
+    """(runs, groups, page text) of a study's folder, or None when there is none."""
+    folder = find(name) if folder is None else Path(folder)
+    if folder is None:
+        return None
+    runs = figures.load_runs(folder)
+    if not runs:
+        return None
+    groups = results_page.by_setting(runs)
+    return runs, groups, results_page.page_text(folder, groups, png="")
+
+
+def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIONS):
+    """Display a study's curves and reading in a notebook (IPython's display); return the
+    figure, or None with the one-line message printed when there are no runs to read."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Markdown, display
+
+    loaded = load(name, folder)
+    if loaded is None:
+        print(missing_line(name))
+        return None
+    runs, groups, text = loaded
+    done = sum(run.status == "completed" for run in runs)
+    print(f"{len(runs)} runs under results/{name} ({done} completed; a run still going is "
+          "drawn to its last evaluation)")
+    fig = results_page.curves_figure(groups)
+    plt.show()
+    display(Markdown(sections(text, wanted)))
+    return fig
