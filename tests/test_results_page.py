@@ -298,3 +298,20 @@ def test_every_study_names_a_grid_that_exists():
     root = Path(__file__).resolve().parent.parent
     for name, study in evidence.STUDIES.items():
         assert (root / study.grid).is_file(), name
+
+
+def test_a_seed_method_reads_beside_the_table_of_its_paper_that_has_the_setting(fml_results):
+    """FedMut's own paper has two tables: on Shakespeare its difference is read beside
+    Table 2's cells (55.53 - 52.08), not Table 1's (which has no Shakespeare row)."""
+    from flnotes.repro.figures import Run
+
+    run = Run({}, {}, 0, "completed", [], "x", "fedmut_table2")
+    papers = results_page._paper_cells()
+    assert results_page.paper_table_of("FedMut", [run], ("Shakespeare", "LSTM", "leaf"),
+                                       papers) == "fedmut_table2"
+    assert results_page.paper_table_of("FedMut", [run], ("CIFAR-10", "CNN", "dir=0.1"),
+                                       papers) == "fedmut_table1"
+    assert results_page.paper_table_of("FedProx", [run], ("Shakespeare", "LSTM", "leaf"),
+                                       papers) == "fedmut_table2"
+    cells = papers["fedmut_table2", "Shakespeare", "LSTM", "leaf"]
+    assert cells["FedMut"] - cells["FedAvg"] == pytest.approx(55.53 - 52.08)

@@ -61,9 +61,15 @@ def checkpoints(runs: list[Run]) -> tuple[int, ...]:
     return tuple(sorted({round(planned * q / 4) for q in (1, 2, 3, 4)}))
 
 
-def paper_table_of(method: str, runs: list[Run]) -> str | None:
-    """The table whose cells a method's difference to FedAvg is read beside."""
-    return PAPER_OF.get(method) or next((r.paper_table for r in runs if r.paper_table), None)
+def paper_table_of(method: str, runs: list[Run], setting: tuple,
+                   papers: dict[tuple, dict[str, float]]) -> str | None:
+    """The table whose cells a method's difference to FedAvg is read beside: its own paper's
+    (PAPER_OF), else its grid's, the first of them with the method's cell for this setting
+    (FedMut on Shakespeare: Table 2, not Table 1)."""
+    candidates = [PAPER_OF.get(method), *sorted({r.paper_table for r in runs if r.paper_table})]
+    candidates = [t for t in candidates if t]
+    return next((t for t in candidates if method in papers.get((t, *setting), {})),
+                candidates[0] if candidates else None)
 
 
 def _setting(run: Run) -> tuple[str, str, str]:
@@ -321,7 +327,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
             if method == BASELINE or not base:
                 continue
             result = late_reading(by_method[method], base)
-            table = paper_table_of(method, by_method[method])
+            table = paper_table_of(method, by_method[method], setting, papers)
             cells = papers.get((table, *setting), {})
             paper = (cells[method] - cells[BASELINE]
                      if method in cells and BASELINE in cells else None)
