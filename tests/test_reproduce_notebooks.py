@@ -15,7 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import IPython.display
+import pandas as pd
 import pytest
+
+from flnotes.repro import evidence, tables
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "flnotes" / "notebooks"
 CIFAR = NOTEBOOKS / "10_reproduce_cifar.ipynb"
@@ -169,3 +173,88 @@ def test_notebook_20_without_the_repository_results_says_where_its_figure_came_f
     assert len(lines) == 1, lines
     assert "stored in this notebook as the flnotes repository ships it" in lines[0]
     assert "python benchmarks/seed_code_baselines.py" in lines[0]
+
+
+def notebook_20_code(*markers: str) -> str:
+    """The code of notebook 20's cells that contain each marker, in the notebook's order."""
+    notebook = json.loads((NOTEBOOKS / "20_tables_vs_paper.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
+    chosen = [s for s in sources if any(m in s for m in markers)]
+    assert len(chosen) == len(markers), markers
+    return "\n".join(chosen)
+
+
+# The parameters cell, the cell that reads the runs, and the tables cell.
+NOTEBOOK_20_TABLES = ("# Parameters", "evidence.STUDIES", "side_by_side(")
+
+
+def study_run(root: Path, cell_id: str, algorithm: str, method: str, heterogeneity: str):
+    """One run folder of a study's sweep, made for FedMut's Table 1 (cell.json)."""
+    cell = root / "cells" / cell_id
+    run_dir = cell / "runs" / algorithm / "seed0"
+    run_dir.mkdir(parents=True)
+    config = {"algorithm": algorithm, "dataset": "cifar10", "model": "lenet-cifar",
+              "partition": "iid" if heterogeneity == "iid" else "dirichlet",
+              "dirichlet_alpha": 0.1, "rounds": 20, "seed": 0, "run_dir": str(run_dir)}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    (run_dir / "run.json").write_text(json.dumps({"config": config, "status": "completed"}))
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r, "train_loss": 1.0, "accuracy": 0.3 + r / 100}) + "\n"
+        for r in range(1, 21)))
+    (cell / "cell.json").write_text(json.dumps(
+        {"paper_table": "fedmut_table1", "labels": {
+            "dataset": "CIFAR-10", "model": "CNN", "heterogeneity": heterogeneity,
+            "method": method}}))
+
+
+def test_notebook_20_shows_only_the_run_cells_of_the_committed_studies(
+        tmp_path, monkeypatch, capsys):
+    """With results_dir None the notebook reads each study of evidence.STUDIES under results/;
+    a table shows its run cells only, under one line counting the cells not run, and a table
+    without a run cell is that line alone."""
+    root = tmp_path / "results" / "a-study"
+    study_run(root, "dir=0.1_FedAvg_seed0", "fedavg", "FedAvg", "dir=0.1")
+    study_run(root, "iid_FedMut_seed0", "fedmut", "FedMut", "iid")
+    study_run(root, "dir=0.1_FedMR_seed0", "fedmr", "FedMR", "dir=0.1")  # no table has it
+    monkeypatch.setattr(evidence, "STUDIES", {"a-study": evidence.STUDIES["cifar10-lenet"]})
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.chdir(tmp_path)
+    exec(notebook_20_code(*NOTEBOOK_20_TABLES), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+
+    assert lines[0] == "read the committed studies: results/a-study (3 run folders)"
+    counts = [i for i, line in enumerate(lines) if " cells run; " in line]
+    names = [lines[i].split(":")[0] for i in counts]
+    assert names == tables.paper_table_names()
+    assert ("fedmut_table1: 2 of 120 cells run; 118 not run (paper values only: "
+            "tables.load_paper_table('fedmut_table1'))") in lines
+    # FedQP's Table I prints FedAvg at dir=0.1 and FedMut at IID for CIFAR-10 / CNN as well.
+    assert lines[counts[names.index("fedqp_tableI")]].startswith("fedqp_tableI: 2 of 144 ")
+    for i, end in zip(counts, [*counts[1:], len(lines)], strict=True):
+        if lines[i].split(": ")[1].startswith("0 of"):  # nothing run: the count line alone
+            assert end == i + 1 or lines[i + 1].startswith("run, but"), lines[i:end]
+    assert lines[-1] == "run, but in no cell of the tables shown: CIFAR-10 / CNN / dir=0.1 / FedMR"
+
+    assert len(shown) == 2 and all(isinstance(frame, pd.DataFrame) for frame in shown)
+    fedmut = shown[0]
+    assert list(fedmut.columns) == ["FedAvg", "FedMut"]
+    assert list(fedmut.index) == [("CIFAR-10", "CNN", "dir=0.1"), ("CIFAR-10", "CNN", "iid")]
+    for frame in shown:
+        cells = [cell for cell in frame.to_numpy().ravel() if cell]
+        assert len(cells) == 2 and not any("not run" in cell for cell in cells), frame
+    assert fedmut.loc[("CIFAR-10", "CNN", "dir=0.1"), "FedAvg"].startswith("47.93 / ")
+
+
+def test_notebook_20_without_the_studies_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """Outside the repository (no results/<study> above) one line says where the stored tables
+    came from, and every table is its paper's values alone."""
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(notebook_20_code(*NOTEBOOK_20_TABLES[:2]), namespace)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("No results/<study> folder here or above (cifar10-lenet, ")
+    assert "stored in this notebook as the flnotes repository ships it" in lines[0]
+    assert namespace["ours"] is None
+    assert all(set(r["status"]) == {"not run"} for r in namespace["comparisons"].values())

@@ -161,6 +161,29 @@ def test_compare_difference_and_not_run(tmp_path):
     assert set(empty["status"]) == {"not run"} and empty["difference"].isna().all()
 
 
+def test_side_by_side_run_only_keeps_the_cells_with_a_run():
+    # FedAvg ran at dir=0.1, FedMut at iid: two rows, two columns, a blank where they cross.
+    ours = pd.DataFrame([
+        {"paper_table": "fedmut_table1", "dataset": "CIFAR-10", "model": "CNN",
+         "heterogeneity": heterogeneity, "method": method, "accuracy_mean": accuracy,
+         "accuracy_std": 1.0, "seeds": 1, "runs": 1, "completed": 1}
+        for heterogeneity, method, accuracy in (("dir=0.1", "FedAvg", 50.0),
+                                                ("iid", "FedMut", 60.0))])
+    result = tables.compare(tables.load_paper_table("fedmut_table1"), ours, table="fedmut_table1")
+    wide = tables.side_by_side(result, run_only=True)
+    assert list(wide.columns) == ["FedAvg", "FedMut"]
+    assert list(wide.index) == [("CIFAR-10", "CNN", "dir=0.1"), ("CIFAR-10", "CNN", "iid")]
+    assert wide.loc[("CIFAR-10", "CNN", "dir=0.1"), "FedAvg"] == "47.93 / 50.00 (+2.07)"
+    assert wide.loc[("CIFAR-10", "CNN", "iid"), "FedMut"] == "59.70 / 60.00 (+0.30)"
+    assert wide.loc[("CIFAR-10", "CNN", "dir=0.1"), "FedMut"] == ""
+    assert wide.loc[("CIFAR-10", "CNN", "iid"), "FedAvg"] == ""
+    # The full view still has every cell, "not run" included.
+    assert tables.side_by_side(result).shape == (24, 5)
+    nothing = tables.side_by_side(tables.compare(tables.load_paper_table("fedmut_table2"), None),
+                                  run_only=True)
+    assert nothing.empty and list(nothing.index.names) == ["dataset", "model", "heterogeneity"]
+
+
 def test_command_line_prints_each_table(tmp_path, capsys):
     _write_run(tmp_path / "r", dict(BASE, algorithm="fedavg", seed=0), list(np.full(3, 40.0)))
     assert cli_main(["tables", str(tmp_path), "--table", "fedmut_table1"]) == 0

@@ -406,11 +406,15 @@ PARTIAL_MARK = "~"  # not every run of the cell completed
 SETTING_MARK = "*"  # some run of the cell differs from the paper's setting
 
 
-def side_by_side(comparison: pd.DataFrame) -> pd.DataFrame:
+def side_by_side(comparison: pd.DataFrame, run_only: bool = False) -> pd.DataFrame:
     """Wide view: one row per setting, per method 'paper / ours (difference)' or 'not run'.
 
     Our number carries PARTIAL_MARK when some run of the cell has not completed and
     SETTING_MARK when some run differs from the paper's setting (see :func:`legend`).
+    With ``run_only``, only the cells with a run: the settings and methods that have one,
+    and an empty string where such a row and column meet without a run (a table of a few
+    hundred cells of which a handful ran is otherwise mostly "not run"); no cell run, no
+    rows and no columns.
     """
     def cell(row) -> str:
         paper = "-" if pd.isna(row["paper"]) else f"{row['paper']:.2f}"
@@ -420,10 +424,14 @@ def side_by_side(comparison: pd.DataFrame) -> pd.DataFrame:
             SETTING_MARK if row.get("setting") else "")
         return f"{paper} / {row['ours']:.2f}{mark} ({row['difference']:+.2f})"
 
-    frame = comparison.assign(cell=comparison.apply(cell, axis=1))
+    shown = comparison[comparison["status"] != "not run"] if run_only else comparison
+    if not len(shown):  # (apply over no rows gives a frame, not the column of cells)
+        return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=KEY[:3]))
+    frame = shown.assign(cell=shown.apply(cell, axis=1))
     wide = frame.pivot_table(index=KEY[:3], columns="method", values="cell", aggfunc="first",
                              sort=False)
-    return wide[list(dict.fromkeys(comparison["method"]))]
+    wide = wide[list(dict.fromkeys(shown["method"]))]
+    return wide.fillna("") if run_only else wide
 
 
 def legend(comparison: pd.DataFrame) -> list[str]:
