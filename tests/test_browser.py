@@ -311,8 +311,14 @@ def _save_and_read(page, path: Path) -> dict:
     while path.stat().st_mtime_ns == before:
         assert time.monotonic() < deadline, f"{path.name} was not saved within 30 s"
         time.sleep(0.2)
-    time.sleep(0.5)  # let the write finish
-    return json.loads(path.read_text())
+    # The server writes the file after its mtime changes: on a loaded machine it can be read
+    # empty or half-written for a while. Read until it parses (or the deadline).
+    while True:
+        time.sleep(0.5)
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            assert time.monotonic() < deadline, f"{path.name} was saved but never whole"
 
 
 def _cell_problems(notebook: dict) -> list[str]:

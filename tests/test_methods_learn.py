@@ -2,12 +2,8 @@
 
 The data come from Debian's ``dataset-fashion-mnist`` package (IDX files under
 /usr/share/datasets/fashion-mnist), which flnotes.data finds on its own. A 6000-sample
-subset keeps the whole file well under a minute on two CPU cores.
+subset, one local epoch and 5 rounds keep each method's run to about 2-5 CPU-seconds.
 """
-
-import os
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -24,29 +20,13 @@ from flnotes.rng import torch_generator
 NUM_TRAIN, NUM_TEST = 6000, 2000
 
 
-
-def _install_fashion_mnist() -> str:
-    """Try apt-get (root only); returns why it could not, or '' on success."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return "not root or no apt-get"
-    for cmd in (["apt-get", "install", "-y", "dataset-fashion-mnist"],
-                ["apt-get", "update"], ["apt-get", "install", "-y", "dataset-fashion-mnist"]):
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode == 0 and cmd[1] == "install":
-            return ""
-    return f"apt-get failed: {done.stderr.strip()[-200:]}"
-
-
 @pytest.fixture(scope="module")
 def fashion_subset():
     """(train_x, train_y, test_x, test_y): a seeded random subset of Fashion-MNIST."""
     try:
         data = load_dataset("fashion-mnist")
-    except FileNotFoundError:
-        why = _install_fashion_mnist()
-        if why:
-            pytest.skip(f"Fashion-MNIST missing ({why}): apt-get install dataset-fashion-mnist")
-        data = load_dataset("fashion-mnist")
+    except FileNotFoundError:  # a test never installs system packages: .ci/run does
+        pytest.skip("Fashion-MNIST missing: apt-get install dataset-fashion-mnist")
     train = torch.randperm(len(data.train_y), generator=torch_generator(0, "train"))[:NUM_TRAIN]
     test = torch.randperm(len(data.test_y), generator=torch_generator(0, "test"))[:NUM_TEST]
     return data.train_x[train], data.train_y[train], data.test_x[test], data.test_y[test]
@@ -77,12 +57,14 @@ def test_algorithm_learns_fashion_mnist(algorithm, fashion_subset):
     own = algorithm_class(algorithm).own_momentum
     config = RunConfig(algorithm=algorithm, dataset="fashion-mnist", model="mlp",
                        partition="dirichlet", dirichlet_alpha=1.0, num_clients=10,
-                       clients_per_round=10, rounds=5, local_epochs=2, batch_size=50,
+                       clients_per_round=10, rounds=5, local_epochs=1, batch_size=50,
                        lr=0.1 if algorithm == "stem" else 0.01, momentum=0.0 if own else 0.9,
                        seed=0, device="cpu")
     history = run(config, progress=False, task=subset_task(config, fashion_subset))
     assert history.status == "completed"
     accuracy = history.final_accuracy
-    # Chance is 0.10 for ten classes. Over seeds 0-2 every method ended between 0.61 and
-    # 0.77 here, so 0.5 leaves room for platform noise but not for a method that is broken.
-    assert accuracy > 0.5, f"{algorithm} reached only {accuracy:.3f} after 5 rounds"
+    # Chance is 0.10 for ten classes. One local epoch a round (half the steps of two, to keep
+    # the file short): over seeds 0-2 every method ended between 0.43 (MOON, whose
+    # contrastive term slows its first rounds; 0.43-0.45) and 0.73 here, STEM 0.46-0.67, all
+    # others 0.59 or more. 0.35 leaves room for platform noise but not for a broken method.
+    assert accuracy > 0.35, f"{algorithm} reached only {accuracy:.3f} after 5 rounds"
