@@ -164,25 +164,30 @@ def test_empty_folder_is_a_one_line_error(tmp_path, capsys):
     assert "no run folders" in capsys.readouterr().err
 
 
-def test_the_committed_results_page_is_what_the_command_makes(tmp_path, monkeypatch):
-    """results/README.md is generated, never typed: regenerating it from the finished cells'
-    run folders gives the same text (run `python -m flnotes results-page
-    results/cifar10-lenet` after committing new cells). Cells still running on this machine
-    are not committed, so they are left out here."""
+@pytest.mark.parametrize("study", ["cifar10-lenet", "fml-cifar10", "shakespeare-plays"])
+def test_the_committed_results_page_is_what_the_command_makes(tmp_path, monkeypatch, study):
+    """Each committed study's page (results/README.md for cifar10-lenet, results/<study>.md
+    for the others: flnotes.repro.evidence.STUDIES) is generated, never typed: regenerating it
+    from the finished cells' run folders gives the same text (run `python -m flnotes
+    results-page results/<study> --out results/<page>` after committing new cells). Cells
+    still running on this machine are not committed, so they are left out here."""
     import shutil
 
+    from flnotes.repro import evidence
+
     root = Path(__file__).resolve().parent.parent
-    source = root / "results" / "cifar10-lenet"
+    source = root / "results" / study
     if not source.is_dir():
-        pytest.skip("no results/cifar10-lenet in this checkout")
-    copy = tmp_path / "results" / "cifar10-lenet"
+        pytest.skip(f"no results/{study} in this checkout")
+    copy = tmp_path / "results" / study
     for cell in sorted((source / "cells").iterdir()):
         if json.loads((cell / "cell.json").read_text()).get("status") == "completed":
             shutil.copytree(cell, copy / "cells" / cell.name,
                             ignore=shutil.ignore_patterns("*.pt", "notebook.ipynb", "run.lock"))
     monkeypatch.chdir(tmp_path)
-    page, _ = results_page.build_page("results/cifar10-lenet")
-    assert page.read_text() == (root / "results" / "README.md").read_text()
+    page_name = evidence.STUDIES[study].page
+    page, _ = results_page.build_page(f"results/{study}", f"results/{page_name}")
+    assert page.read_text() == (root / "results" / page_name).read_text()
 
 
 def test_two_runs_of_one_seed_are_an_error_not_a_silent_choice(results):
