@@ -258,3 +258,23 @@ def test_notebook_20_without_the_studies_says_so_in_one_line(tmp_path, monkeypat
     assert "stored in this notebook as the flnotes repository ships it" in lines[0]
     assert namespace["ours"] is None
     assert all(set(r["status"]) == {"not run"} for r in namespace["comparisons"].values())
+
+
+@pytest.mark.parametrize("notebook, study", [("10_reproduce_cifar", "cifar10-lenet"),
+                                             ("11_reproduce_shakespeare", "shakespeare-plays"),
+                                             ("12_reproduce_fml", "fml-cifar10")])
+def test_a_reproduction_notebook_opens_on_its_committed_study(notebook, study):
+    """The first picture of 10, 11 and 12 is the committed real-data study (stored, so the
+    notebook shows it when opened), drawn right after the parameters by flnotes.repro.evidence,
+    and skipped in a sweep's cell (which sets output_dir)."""
+    assert study in evidence.STUDIES
+    cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    first = next(i for i, c in enumerate(code) if "parameters" in c["metadata"].get("tags", []))
+    shows = [i for i, c in enumerate(code) if f'evidence.show("{study}")' in "".join(c["source"])]
+    assert shows == [first + 1], (notebook, shows, first)
+    cell = code[shows[0]]
+    assert "if output_dir is None:" in "".join(cell["source"])
+    outputs = cell["outputs"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), f"{notebook}: no stored figure"
+    assert any("text/markdown" in o.get("data", {}) for o in outputs), f"{notebook}: no reading"
