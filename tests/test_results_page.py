@@ -289,6 +289,8 @@ def test_a_notebook_shows_the_pages_reading_or_says_in_one_line_where_it_is(
     assert OURS not in shown and PAPERS not in shown
     monkeypatch.setattr(evidence, "STUDIES", {**evidence.STUDIES, "evidence": evidence.Study(
         "benchmarks/x.yaml", "x.md", "a minute")})
+    # a notebook's inline backend stays: switching to Agg would hide every later figure
+    monkeypatch.setattr(matplotlib, "use", lambda *a, **k: pytest.fail("backend switched"))
     assert evidence.show("evidence") is not None
     assert capsys.readouterr().out.startswith("12 runs under results/evidence (11 completed")
     monkeypatch.chdir(tmp_path_factory.mktemp("no-results"))  # no results/ above it

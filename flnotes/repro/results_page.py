@@ -197,10 +197,8 @@ def convergence(groups: dict[tuple, dict[str, list[Run]]], window: int = 50) -> 
 
 
 def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
-    """One panel per setting: mean accuracy over seeds per method, band lowest-highest."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    """One panel per setting: mean accuracy over seeds per method, band lowest-highest.
+    Drawn with the current backend (a notebook's inline one; the command sets Agg)."""
     import matplotlib.pyplot as plt
 
     settings = list(groups)
@@ -249,6 +247,11 @@ def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.parent / f"{results.resolve().name}-curves.png"
     groups = by_setting(runs)
+    import matplotlib
+
+    # A file, never a window: the command may run where a display is set. Only here, not in
+    # curves_figure, which a notebook calls under its inline backend.
+    matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     fig = curves_figure(groups)
