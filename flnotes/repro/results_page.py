@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flnotes.plots import line_style, markevery
 from flnotes.repro import REPO_ROOT
 from flnotes.repro.figures import Run, load_runs, mean_band
 from flnotes.repro.paper_tables import load_paper_table
@@ -202,6 +203,10 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     import matplotlib.pyplot as plt
 
     settings = list(groups)
+    # One style per method on every panel (colour, dash and marker: lines that lie on top of
+    # each other, FedProx on FedAvg, stay visible; FedAvg first)
+    methods = list(dict.fromkeys(m for by_method in groups.values() for m in by_method))
+    style = {m: line_style(i) for i, m in enumerate(methods)}
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(5 * max(len(settings), 1), 3.8),
                              squeeze=False)
     for ax, setting in zip(axes.flat, settings, strict=False):
@@ -211,13 +216,14 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
                 continue
             x, mean, low, high = mean_band(curves)
             seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
-            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({seeds})")
+            (line,) = ax.plot(x, mean, lw=1.4, label=f"{method} ({seeds})", **style[method],
+                              markersize=4, markevery=markevery(len(x)))
             if len(curves) > 1:
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
             personal = [c for c in (_accuracy(r, PERSONAL) for r in runs) if len(c[0])]
-            if personal:  # dashed, the method's colour: its personal models
+            if personal:  # dotted, the method's colour, no marker: its personal models
                 x, mean, _, _ = mean_band(personal)
-                ax.plot(x, mean, lw=1.2, ls="--", color=line.get_color(),
+                ax.plot(x, mean, lw=1.6, ls=":", color=line.get_color(),
                         label=f"{method} personal models")
         ax.set_title(", ".join(setting), fontsize=10)
         ax.set_xlabel("round")
