@@ -31,9 +31,9 @@ STUDIES = {
     "cifar10-lenet": Study("benchmarks/cifar10_lenet_evidence.yaml", "README.md",
                            "about 6.5 CPU-seconds a round on one thread, 200 rounds a run"),
     "fml-cifar10": Study("benchmarks/fml_cifar10_evidence.yaml", "fml-cifar10.md",
-                         "2.5-4.5 CPU-seconds a round on one thread, 100 rounds a run"),
+                         "3-8 s a round on one loaded thread, 100 rounds a run"),
     "shakespeare-plays": Study("benchmarks/shakespeare_evidence.yaml", "shakespeare-plays.md",
-                               "see the grid's header"),
+                               "25-57 s a round on one loaded thread, 40 rounds a run"),
 }
 # the page's sections a notebook shows under the curves
 SECTIONS = ("Differences to FedAvg, beside the papers'", "Personal models", "Reading")
