@@ -322,3 +322,23 @@ def test_a_seed_method_reads_beside_the_table_of_its_paper_that_has_the_setting(
                                        papers) == "fedmut_table2"
     cells = papers["fedmut_table2", "Shakespeare", "LSTM", "leaf"]
     assert cells["FedMut"] - cells["FedAvg"] == pytest.approx(55.53 - 52.08)
+
+
+def test_a_stand_in_setting_reads_beside_the_cells_of_the_setting_it_stands_for(fml_results):
+    """FedUp's CPU evidence runs Fashion-MNIST for FEMNIST: its grid labels the cells
+    paper_dataset FEMNIST / paper_heterogeneity leaf, and the page reads FedProx − FedAvg
+    beside FedUp Table 4's FEMNIST cells (78.56 − 78.68), saying which setting they are."""
+    for cell_json in fml_results.glob("cells/*/cell.json"):
+        cell = json.loads(cell_json.read_text())
+        cell["paper_table"] = "fedup_table4"
+        cell["labels"].update(dataset="Fashion-MNIST", model="CNN", heterogeneity="dir=0.3",
+                              paper_dataset="FEMNIST", paper_heterogeneity="leaf")
+        cell_json.write_text(json.dumps(cell))
+    text = results_page.build_page(fml_results)[0].read_text()
+    prox = row_of(text, DIFFERENCES, "Fashion-MNIST", "CNN", "dir=0.3", "FedProx − FedAvg")
+    assert "| does not hold | -0.12 |" in prox
+    assert "FedProx 78.56, FedAvg 78.68 (fedup_table4, for FEMNIST/CNN/leaf)" in prox
+    assert ("Our Fashion-MNIST/CNN/dir=0.3 stands in for the paper's FEMNIST/CNN/leaf"
+            in text.split(f"## {PAPERS}\n", 1)[1])
+    papers = row_of(text, PAPERS, "Fashion-MNIST", "CNN", "dir=0.3", "FedAvg")
+    assert papers.endswith("| 78.68 |")

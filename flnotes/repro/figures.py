@@ -81,6 +81,7 @@ def load_runs(results: str | Path) -> list[Run]:
         rows = tables.read_metric_rows(folder / "metrics.jsonl",
                                        running=row["status"] == "running")
         labels = {k: row[k] for k in ("dataset", "model", "heterogeneity", "method")}
+        labels.update(row["paper_labels"] or {})
         table = row.get("paper_table")
         runs.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
                         rows, str(folder), table if isinstance(table, str) and table else None))

@@ -77,6 +77,19 @@ def _setting(run: Run) -> tuple[str, str, str]:
     return tuple(str(run.labels[k]) for k in SETTING)
 
 
+def paper_setting(by_method: dict[str, list[Run]]) -> tuple[str, str, str]:
+    """The paper's setting a setting of ours is read beside: its own, except where the grid
+    names a stand-in's original (labels paper_dataset, paper_model, paper_heterogeneity:
+    Fashion-MNIST read beside FEMNIST's cells, LeNet beside ResNet18's)."""
+    labels = next(run.labels for runs in by_method.values() for run in runs)
+    return tuple(str(labels.get(f"paper_{k}", labels[k])) for k in SETTING)
+
+
+def _stand_in(setting: tuple, paper: tuple) -> str:
+    """', for FEMNIST/CNN/leaf' where our setting stands in for another, else ''."""
+    return "" if tuple(setting) == tuple(paper) else f", for {'/'.join(paper)}"
+
+
 def _accuracy(run: Run, metric: str = "accuracy") -> tuple[np.ndarray, np.ndarray]:
     return run.curve((metric,))
 
@@ -271,7 +284,9 @@ def page_text(results: Path, groups: dict, png: str) -> str:
     papers = _paper_cells()
     runs = [r for by_method in groups.values() for rs in by_method.values() for r in rs]
     at_rounds = checkpoints(runs)
-    shown_tables = [t for t in PAPER_TABLES if any((t, *setting) in papers for setting in groups)]
+    paper_of = {setting: paper_setting(by_method) for setting, by_method in groups.items()}
+    shown_tables = [t for t in PAPER_TABLES
+                    if any((t, *paper_of[setting]) in papers for setting in groups)]
     statuses = {}
     for run in runs:
         statuses[run.status] = statuses.get(run.status, 0) + 1
@@ -336,8 +351,8 @@ def page_text(results: Path, groups: dict, png: str) -> str:
             if method == BASELINE or not base:
                 continue
             result = late_reading(by_method[method], base)
-            table = paper_table_of(method, by_method[method], setting, papers)
-            cells = papers.get((table, *setting), {})
+            table = paper_table_of(method, by_method[method], paper_of[setting], papers)
+            cells = papers.get((table, *paper_of[setting]), {})
             paper = (cells[method] - cells[BASELINE]
                      if method in cells and BASELINE in cells else None)
             ours = _mean_std([s.difference for s in result.seeds], signed=True)
@@ -345,14 +360,20 @@ def page_text(results: Path, groups: dict, png: str) -> str:
                                  for s in result.seeds) or "—"
             shown = "—" if paper is None else f"{paper:+.2f}"
             cell_text = "—" if paper is None else \
-                f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} ({table})"
+                f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} " \
+                f"({table}{_stand_in(setting, paper_of[setting])})"
             lines.append(f"| {' | '.join(setting)} | {method} − {BASELINE} | {ours} | "
                          f"{per_seed} | {result.verdict} | {shown} | {cell_text} |")
             readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}")
+    stand_ins = [f"Our {'/'.join(setting)} stands in for the paper's {'/'.join(paper)}: its "
+                 "rows show the paper's cells of that setting." for setting, paper in
+                 paper_of.items() if tuple(setting) != tuple(paper)]
+    stand_ins = [" ".join(stand_ins), ""] if stand_ins else []
     lines += [
         "",
         "## The papers' cells beside our final accuracy",
         "",
+        *stand_ins,
         "| dataset | model | heterogeneity | method | ours (final) | "
         + " | ".join(shown_tables) + " |",
         "|---|---|---|---|---|" + "---|" * len(shown_tables),
@@ -361,7 +382,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         for method, method_runs in by_method.items():
             finals = [v for f in (final(run) for run in method_runs) if f is not None
                       for v in [f[1]]]
-            paper = [papers.get((t, *setting), {}).get(method) for t in shown_tables]
+            paper = [papers.get((t, *paper_of[setting]), {}).get(method) for t in shown_tables]
             lines.append(f"| {' | '.join(setting)} | {method} | {_mean_std(finals)} | "
                          + " | ".join("—" if v is None else f"{v:.2f}" for v in paper)
                          + " |")

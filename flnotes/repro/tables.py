@@ -233,6 +233,9 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                      "personal_last_mean": personal["last_mean"],
                      "seconds_per_round": float(np.mean(seconds)) if seconds else float("nan"),
                      "run_dir": str(run_dir),
+                     # the paper setting a stand-in's cells are read beside (results page)
+                     "paper_labels": {k: str(v) for k, v in cell.get("labels", {}).items()
+                                      if k.startswith("paper_")},
                      "settings_key": _settings_key(meta, config),
                      "written": _written(meta_file, metrics_file),
                      "error": " ".join(str(meta.get("error") or "").split()),
@@ -241,7 +244,8 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                                 meta.get("environment", {}).get("data_source", "")}})
     columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
                "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
-               "personal_last_mean", "seconds_per_round", "run_dir", "settings_key",
+               "personal_last_mean", "seconds_per_round", "run_dir", "paper_labels",
+               "settings_key",
                "written", "error", "config"]
     return pd.DataFrame(rows, columns=columns)
 
