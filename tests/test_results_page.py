@@ -342,3 +342,30 @@ def test_a_stand_in_setting_reads_beside_the_cells_of_the_setting_it_stands_for(
             in text.split(f"## {PAPERS}\n", 1)[1])
     papers = row_of(text, PAPERS, "Fashion-MNIST", "CNN", "dir=0.3", "FedAvg")
     assert papers.endswith("| 78.68 |")
+
+
+def test_a_notebooks_answer_is_the_pages_verdicts(results, fml_results, monkeypatch, capsys):
+    """evidence.answer, the line per claim a reproduction notebook ends on, says what the
+    page's difference and personal tables say: the same verdict and per-seed differences."""
+    from flnotes.repro import evidence
+
+    for root in (results, fml_results):
+        text = results_page.build_page(root)[0].read_text()
+        lines = evidence.answer(root.name, root)
+        assert capsys.readouterr().out.splitlines() == lines
+        rows = [line for line in text.split(f"## {DIFFERENCES}\n", 1)[1]
+                .split("\n## ", 1)[0].splitlines() if " − FedAvg |" in line]
+        assert len(rows) + ("Personal models" in text) == len(lines)
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            method = cells[3].split(" − ")[0]
+            per_seed = ", ".join(part.split(": ")[1].split(",")[0]
+                                 for part in cells[5].split("; "))
+            assert (f"{', '.join(cells[:3])}: {method} > FedAvg {cells[6]} "
+                    f"(late difference per seed: {per_seed})") in lines
+    assert ("CIFAR-10, CNN2, shards-1: FML's personal models > its global model holds "
+            "(late difference per seed: +10.00, +11.00)") in lines
+    (tmp := results.parent / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp)
+    assert evidence.answer("cifar10-lenet") is None  # no results/cifar10-lenet above
+    assert "No results/cifar10-lenet folder" in capsys.readouterr().out

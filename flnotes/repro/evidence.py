@@ -25,6 +25,7 @@ class Study:
     grid: str  # the grid file, relative to the repository
     page: str  # its generated page, relative to results/
     cost: str  # CPU cost as measured, for the one-line message
+    data: str = "--set data_dir=DATA"  # how the command names the data (before --out)
 
 
 STUDIES = {
@@ -34,6 +35,10 @@ STUDIES = {
                          "3-8 s a round on one loaded thread, 100 rounds a run"),
     "shakespeare-plays": Study("benchmarks/shakespeare_evidence.yaml", "shakespeare-plays.md",
                                "25-57 s a round on one loaded thread, 40 rounds a run"),
+    # CIFAR-10 from $FLNOTES_DATA, so that Fashion-MNIST may come from Debian's copy
+    "fedup": Study("benchmarks/fedup_evidence.yaml", "fedup.md",
+                   "1-2 s a round on one loaded thread, 150-200 rounds a run",
+                   data="(with FLNOTES_DATA=DATA in the environment)"),
 }
 # the page's sections a notebook shows under the curves
 SECTIONS = ("Differences to FedAvg, beside the papers'", "Personal models", "Reading")
@@ -53,8 +58,8 @@ def missing_line(name: str) -> str:
     return (f"No results/{name} folder here or above, so nothing to draw: the picture and "
             f"reading stored in this notebook come from the flnotes repository's committed "
             f"runs (results/{name}, page results/{study.page}); in a clone with the data, "
-            f"`python -m flnotes sweep {study.grid} --set data_dir=DATA --out results/{name} "
-            f"--workers 1` makes them ({study.cost}).")
+            f"`python -m flnotes sweep {study.grid} --out results/{name} --workers 1` "
+            f"{study.data} makes them ({study.cost}).")
 
 
 def sections(text: str, wanted: tuple[str, ...] = SECTIONS) -> str:
@@ -94,3 +99,34 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
     plt.show()
     display(Markdown(sections(text, wanted)))
     return fig
+
+
+def verdicts(groups: dict) -> list[str]:
+    """One line per difference the study reads: the setting, "method > FedAvg", the verdict
+    and each seed's late difference (and, for personal models, personal > global). The same
+    reading rule and numbers as the page's tables, without the sentences."""
+    lines = []
+    for setting, by_method in groups.items():
+        base = by_method.get(results_page.BASELINE, [])
+        pairs = [(f"{m} > {results_page.BASELINE}", results_page.late_reading(runs, base))
+                 for m, runs in by_method.items() if m != results_page.BASELINE and base]
+        pairs += [(f"{m}'s personal models > its global model", result)
+                  for m, result in results_page.personal_readings(by_method)]
+        for claim, result in pairs:
+            per_seed = ", ".join(f"{s.difference:+.2f}" for s in result.seeds) or "no seed"
+            lines.append(f"{', '.join(setting)}: {claim} {result.verdict} "
+                         f"(late difference per seed: {per_seed})")
+    return lines
+
+
+def answer(name: str, folder: Path | None = None) -> list[str] | None:
+    """Print the study's verdicts (the answer a notebook ends on); None, with the one-line
+    message printed, when there are no runs to read."""
+    loaded = load(name, folder)
+    if loaded is None:
+        print(missing_line(name))
+        return None
+    lines = verdicts(loaded[1]) or [f"results/{name}: no method's run beside a FedAvg run yet"]
+    print("\n".join(lines))
+    return lines
+

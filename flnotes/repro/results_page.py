@@ -403,6 +403,18 @@ def page_text(results: Path, groups: dict, png: str) -> str:
     return "\n".join(lines)
 
 
+def personal_readings(by_method: dict[str, list[Run]]) -> list[tuple[str, Reading]]:
+    """(method, reading of "personal > global") for each method of a setting whose runs
+    record personal accuracy (FML), over the runs that do."""
+    out = []
+    for method, method_runs in by_method.items():
+        with_personal = [r for r in method_runs if len(_accuracy(r, PERSONAL)[0])]
+        if with_personal:
+            out.append((method, read({r.seed: _accuracy(r, PERSONAL) for r in with_personal},
+                                     {r.seed: _accuracy(r) for r in with_personal})))
+    return out
+
+
 def personal_section(groups: dict[tuple, dict[str, list[Run]]]) -> tuple[list[str], list[str]]:
     """For methods with personal models (FML): each run's personal accuracy (the mean over
     clients, each on its own held-out rows) beside its global model's test accuracy, and the
@@ -411,14 +423,10 @@ def personal_section(groups: dict[tuple, dict[str, list[Run]]]) -> tuple[list[st
     personal model under non-IID data; the page says so."""
     rows, readings = [], []
     for setting, by_method in groups.items():
-        for method, method_runs in by_method.items():
-            with_personal = [r for r in method_runs if len(_accuracy(r, PERSONAL)[0])]
-            if not with_personal:
-                continue
+        for method, result in personal_readings(by_method):
+            with_personal = [r for r in by_method[method] if len(_accuracy(r, PERSONAL)[0])]
             personal = [f[1] for f in (final(r, PERSONAL) for r in with_personal) if f]
             overall = [f[1] for f in (final(r) for r in with_personal) if f]
-            result = read({r.seed: _accuracy(r, PERSONAL) for r in with_personal},
-                          {r.seed: _accuracy(r) for r in with_personal})
             rows.append(f"| {' | '.join(setting)} | {method} | "
                         f"{', '.join(str(r.seed) for r in with_personal)} | "
                         f"{_mean_std(personal)} | {_mean_std(overall)} | "
