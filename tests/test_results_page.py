@@ -10,6 +10,7 @@ import pytest
 
 from flnotes.cli.main import main as cli_main
 from flnotes.repro import results_page
+from flnotes.repro.figures import load_runs
 
 ROUNDS = 200
 # accuracy of (setting, method, seed) at round r: 0.2 + r/1000 + seed/200 + OFFSET
@@ -369,3 +370,22 @@ def test_a_notebooks_answer_is_the_pages_verdicts(results, fml_results, monkeypa
     monkeypatch.chdir(tmp)
     assert evidence.answer("cifar10-lenet") is None  # no results/cifar10-lenet above
     assert "No results/cifar10-lenet folder" in capsys.readouterr().out
+
+
+def test_tables_reads_every_claim_as_the_page_does(results, fml_results, capsys):
+    """`flnotes tables FOLDER` prints, under the paper tables, one line per method against
+    FedAvg by the same reading rule: the same lines as the notebooks' answer (which adds
+    the personal-model claim of FML)."""
+    from flnotes.repro import evidence, tables
+
+    for root in (results, fml_results):
+        frame = tables.one_per_run(tables.collect_runs(root))
+        claims = tables.readings(frame)
+        expected = evidence.verdicts(results_page.by_setting(load_runs(root)))
+        assert claims == [line for line in expected if "personal" not in line]
+        assert cli_main(["tables", str(root)]) == 0
+        out = capsys.readouterr().out
+        printed = out.split("== readings: ", 1)[1].splitlines()[1:]
+        assert [line for line in printed if not line.startswith("done in")] == claims
+    assert ("CIFAR-10, CNN2, shards-1: FedProx > FedAvg does not hold (late difference per "
+            "seed: -1.00, -1.00)") in claims

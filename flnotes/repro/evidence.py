@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flnotes.repro import figures, results_page
+from flnotes.repro.reading import claim_line
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,7 @@ def verdicts(groups: dict) -> list[str]:
                  for m, runs in by_method.items() if m != results_page.BASELINE and base]
         pairs += [(f"{m}'s personal models > its global model", result)
                   for m, result in results_page.personal_readings(by_method)]
-        for claim, result in pairs:
-            per_seed = ", ".join(f"{s.difference:+.2f}" for s in result.seeds) or "no seed"
-            lines.append(f"{', '.join(setting)}: {claim} {result.verdict} "
-                         f"(late difference per seed: {per_seed})")
+        lines += [claim_line(setting, claim, result) for claim, result in pairs]
     return lines
 
 

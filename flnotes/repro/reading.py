@@ -14,15 +14,14 @@ The rule, for the pairs of runs of A and B that share a seed (same data split, s
    minus the spread; "cannot tell" otherwise, and always with a single seed (one pair
    cannot tell the method from its seed). Equal late means (d_s = 0) never hold.
 
-Used by the results page (``results_page``); the paper figures' summaries (``figures``)
-still compare their lines at the last common round (at smoke scale, where a reading by
-seeds would say nothing), so they do not use it yet.
+Used by the results page (``results_page``), ``tables`` (its readings under the tables),
+the notebooks' answers (``evidence.answer``) and the paper figures' summaries (``figures``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,3 +128,12 @@ def read(a: Mapping[int, Curve], b: Mapping[int, Curve], share: float = LATE_SHA
     else:
         verdict = CANNOT_TELL
     return Reading(verdict, seeds, spread)
+
+
+def claim_line(setting: Sequence[str], claim: str, result: Reading) -> str:
+    """One line per claim, as ``tables`` and the notebooks' answers print it: the setting,
+    the claim, the verdict and each seed's late difference."""
+    per_seed = ", ".join(f"{s.difference:+.2f}" for s in result.seeds) or "no seed"
+    return (f"{', '.join(map(str, setting))}: {claim} {result.verdict} "
+            f"(late difference per seed: {per_seed})")
+

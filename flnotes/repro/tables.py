@@ -55,6 +55,7 @@ from flnotes.repro.paper_tables import (
     paper_table_names,
     run_labels,
 )
+from flnotes.repro.reading import claim_line, read
 
 LAST_EVALUATIONS = 10
 FAILED = "failed"  # run.json status of a run that raised (left out of every table)
@@ -406,6 +407,36 @@ def placed_nowhere(papers: dict[str, pd.DataFrame], runs: pd.DataFrame) -> list[
     return _grouped(reasons)
 
 
+BASELINE = "FedAvg"  # what every method's reading compares against
+
+
+def readings(runs: pd.DataFrame) -> list[str]:
+    """Each method against FedAvg in every setting (dataset, model, heterogeneity) that has
+    both, by the reading rule (flnotes.repro.reading: each seed's late difference, "holds"
+    only when every seed leads by more than the seeds disagree): one line per claim, as the
+    results page and the notebooks read it. Failed runs are left out; a running one counts
+    with the evaluations it has. ``runs``: :func:`collect_runs`, after :func:`one_per_run`."""
+    runs = runs[runs["status"] != FAILED]
+    curves: dict[tuple, dict[str, dict[int, tuple]]] = {}
+    for _, run in runs.iterrows():
+        rows = read_metric_rows(Path(run["run_dir"]) / "metrics.jsonl",
+                                running=run["status"] == "running")
+        points = [(r["round"], 100 * r["accuracy"]) for r in rows if "accuracy" in r]
+        if points:
+            rounds, values = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
+            setting = tuple(str(run[k]) for k in KEY[:3])
+            curves.setdefault(setting, {}).setdefault(str(run["method"]), {})[
+                int(run["seed"])] = (rounds, values)
+    lines = []
+    for setting, by_method in sorted(curves.items()):
+        if BASELINE not in by_method:
+            continue
+        lines += [claim_line(setting, f"{method} > {BASELINE}",
+                             read(by_method[method], by_method[BASELINE]))
+                  for method in sorted(by_method) if method != BASELINE]
+    return lines
+
+
 PARTIAL_MARK = "~"  # not every run of the cell completed
 SETTING_MARK = "*"  # some run of the cell differs from the paper's setting
 
@@ -510,6 +541,13 @@ def cmd_tables(args: argparse.Namespace) -> int:
     if args.results and not args.table:
         for line in placed_nowhere(papers, runs):
             print(line)
+    if args.results:
+        claims = readings(runs)
+        if claims:
+            print("== readings: each method against FedAvg of the same seed, mean difference "
+                  "over the last quarter of the evaluations; holds only when every seed leads "
+                  "by more than the seeds disagree (flnotes/repro/reading.py)")
+            print("\n".join(claims))
     if args.results and len(failed):
         print(_failed_note(failed))
     return 0
