@@ -1,5 +1,5 @@
 """Notebook 22 (every paper figure from stored results): stored whole, one figure per
-registered figure plus the CIFAR-10 evidence, every figure's results committed under
+registered figure plus each real-data study's curves, every figure's results committed under
 results/paper-figures-smoke, and one plain sentence per figure where no results/ folder is
 found (an installed wheel, a copied notebook)."""
 
@@ -28,10 +28,12 @@ def _pngs(cell: dict) -> int:
 
 
 def test_one_stored_figure_per_registered_figure_and_the_evidence_curves():
+    from flnotes.repro.evidence import STUDIES
+
     code = _code_cells()
-    evidence = [c for c in code if "results_page.curves_figure" in "".join(c["source"])]
-    assert len(evidence) == 1 and _pngs(evidence[0]) == 1
-    drawn = sum(_pngs(c) for c in code) - 1
+    studies = [c for c in code if "evidence.show(" in "".join(c["source"])]
+    assert len(studies) == 1 and _pngs(studies[0]) == len(STUDIES)
+    drawn = sum(_pngs(c) for c in code) - len(STUDIES)
     assert drawn == len(figures.FIGURES)
     shown = "".join(t for c in code for o in c["outputs"] if o["output_type"] == "stream"
                     for t in o["text"])
@@ -53,9 +55,13 @@ def test_every_figure_draws_from_the_committed_smoke_results(name):
     figure = figures.FIGURES[name]
     folder = SMOKE / Path(figure.grid.split()[0]).stem
     assert folder.is_dir(), f"{name}: run python benchmarks/paper_figures_results.py"
-    fig, caption = figures.draw(figure, figures.load_runs(folder))
+    fig, caption = figures.draw(figure, figures.load_runs(folder), scale="smoke scale")
+    assert fig._suptitle.get_text().endswith(": ours, smoke scale")
     plt.close(fig)
-    assert any(line.startswith("Ours: ") for line in caption)
+    ours = [line for line in caption if line.startswith("Ours: ")]
+    assert ours
+    # one seed: no ordering the paper claims can be told from it
+    assert not any("ordering holds" in line or "does not hold" in line for line in ours)
 
 
 def test_without_a_results_folder_each_figure_says_how_to_make_its_results(tmp_path,
@@ -78,7 +84,11 @@ def test_without_a_results_folder_each_figure_says_how_to_make_its_results(tmp_p
         assert len(said) == 1, name
         assert "python benchmarks/paper_figures_results.py" in said[0]
         assert f"--figure {name}`" in said[0]
-    assert any(line.startswith("No results/cifar10-lenet folder found") for line in lines)
+    from flnotes.repro.evidence import STUDIES
+
+    for study in STUDIES:  # each real-data study: one line naming its grid
+        assert sum(line.startswith(f"No results/{study} folder here or above")
+                   for line in lines) == 1, study
     # The count says how many figures were drawn, not how many sections were printed.
     n = len(figures.FIGURES)
     assert any(line.startswith(f"0 of {n} figures drawn from stored results; {n} without "

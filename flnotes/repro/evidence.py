@@ -73,7 +73,7 @@ def sections(text: str, wanted: tuple[str, ...] = SECTIONS) -> str:
 def load(name: str, folder: Path | None = None):
     """(runs, groups, page text) of a study's folder, or None when there is none."""
     folder = find(name) if folder is None else Path(folder)
-    if folder is None:
+    if folder is None or not folder.is_dir():
         return None
     runs = figures.load_runs(folder)
     if not runs:

@@ -9,8 +9,9 @@ reference line of an ablation. Every line is the mean over the seeds found, with
 the lowest to the highest seed; accuracies are in percent.
 
 Beside the plot: the paper's caption, what its text claims, and ours (per panel, each line's
-last value and whether the line the paper says wins does), in the figure and in a caption file
-``NAME.md`` next to the PNG.
+last value and whether the line the paper says wins does, read by the reading rule of
+flnotes.repro.reading over the seeds), in the figure and in a caption file ``NAME.md`` next
+to the PNG.
 
 Where a figure's runs come from: its own grid ``sweeps/<paper>_figures.yaml`` (and
 ``fedmr_clients_figures.yaml``), or the cells of a table's grid (``grid`` says which); every
@@ -34,6 +35,7 @@ import numpy as np
 
 from flnotes.plots import line_style, markevery
 from flnotes.repro import tables
+from flnotes.repro.reading import DOES_NOT_HOLD, HOLDS, read
 
 # ---------------------------------------------------------------- runs and curves
 
@@ -353,6 +355,7 @@ class Line:
     low: np.ndarray
     high: np.ndarray
     seeds: int
+    per_seed: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def panel_lines(figure: Figure, runs: list[Run], line: Callable) -> list[Line]:
@@ -367,7 +370,11 @@ def panel_lines(figure: Figure, runs: list[Run], line: Callable) -> list[Line]:
         if not curves:
             continue
         x, mean, low, high = mean_band(curves)
-        out.append(Line(label, x, mean, low, high, len(curves)))
+        seeds = [run.seed for run in groups[label] if len(run.curve(figure.metrics)[0])]
+        # the seeds' own curves, for the reading rule; none where a seed repeats in a line
+        per_seed = dict(zip(seeds, curves, strict=True)) if len(set(seeds)) == len(seeds) \
+            else {}
+        out.append(Line(label, x, mean, low, high, len(curves), per_seed))
     return out
 
 
@@ -381,7 +388,9 @@ def _line_order(label: str):
 
 
 def summary(figure: Figure, panels: list[tuple[str, list[Line]]]) -> list[str]:
-    """Ours, one line per panel: each line's last value and whether the claimed winner wins."""
+    """Ours, one line per panel: each line's value at the last round its seeds share, and
+    whether the line the paper says ends best does, by the reading rule (flnotes.repro.
+    reading: per seed, the late mean difference to every other line; never one round)."""
     out = []
     for title, lines in panels:
         if not lines:
@@ -394,31 +403,44 @@ def summary(figure: Figure, panels: list[tuple[str, list[Line]]]) -> list[str]:
         values = ", ".join(f"{k} {v:.2f}" for k, v in last.items())
         rounds = int(max(line.rounds[-1] for line in lines if len(line.rounds)))
         out.append(f"{title or 'panel'}: at the last common round (up to {rounds}): "
-                   f"{values}{_verdict(figure, last)}")
+                   f"{values}{_verdict(figure, lines)}")
     return out
 
 
-def _verdict(figure: Figure, last: dict[str, float]) -> str:
+def _verdict(figure: Figure, lines: list[Line]) -> str:
     """Whether the lines the paper says end best do, as '; ...' to follow the values.
 
-    Lines are compared at the two decimals printed beside the verdict: a reader who sees two
-    lines end at the same number sees a tie, whatever the third decimal. A claimed line level
-    with one the paper does not name is a tie, neither the paper's ordering nor its opposite;
-    the claimed lines level with each other (FedMR-50 and FedMR-100) still hold."""
+    Each claimed line against each line the paper does not name, by the reading rule over
+    the seeds both have ("X > Y", or "X < Y" for a loss): the ordering holds when every such
+    claim holds, does not hold when one of them does not, and otherwise cannot be told (with
+    one seed, always: one run cannot tell a method from its seed). Claimed lines are not
+    read against each other (FedMR-50 and FedMR-100 both "best")."""
     if not figure.expected_best:
         return ""
-    if not any(b in last for b in figure.expected_best):
+    claimed = [line for line in lines if line.label in figure.expected_best]
+    others = [line for line in lines if line.label not in figure.expected_best]
+    if not claimed:
         return f"; {' / '.join(figure.expected_best)} not run"
-    shown = {k: float(f"{v:.2f}") for k, v in last.items()}
-    top = (max if figure.higher_is_better else min)(shown.values())
-    best = [k for k, v in shown.items() if v == top]
-    named = " and ".join(best)
-    ends = "ends" if len(best) == 1 else "end"
-    if not any(b in figure.expected_best for b in best):
-        return f"; the paper's ordering does not hold ({named} {ends} best)"
-    if all(b in figure.expected_best for b in best):
-        return f"; the paper's ordering holds ({named} {ends} best)"
-    return f"; a tie, not the paper's ordering ({named} tie for best at {top:.2f})"
+    if not others:
+        return ""
+    claims = []
+    for best in claimed:
+        for other in others:
+            if figure.higher_is_better:
+                result = read(best.per_seed, other.per_seed)
+                claims.append((f"{best.label} > {other.label}", result))
+            else:  # lower is better: read "other > best" on the loss
+                result = read(other.per_seed, best.per_seed)
+                claims.append((f"{best.label} < {other.label}", result))
+    verdicts = {result.verdict for _, result in claims}
+    overall = ("holds" if verdicts == {HOLDS} else "does not hold" if DOES_NOT_HOLD in verdicts
+               else "cannot be told")
+    seeds = max(len(result.seeds) for _, result in claims)
+    detail = "; ".join(f"{claim} {result.verdict} ("
+                       + (", ".join(f"{s.difference:+.2f}" for s in result.seeds) or "no seed")
+                       + ")" for claim, result in claims)
+    return (f"; the paper's ordering {overall} by the reading rule over {seeds} "
+            f"seed{'s' if seeds != 1 else ''}, late difference per seed: {detail}")
 
 
 # The caption under a figure: monospace (its lines wrapped to a width in characters), at a
@@ -441,12 +463,15 @@ def caption_width(fig, margin: float = CAPTION_MARGIN) -> int:
     return max(20, int((fig.get_figwidth() - 2 * margin) / per_char) - 1)
 
 
-def draw(figure: Figure, runs: list[Run]):
+def draw(figure: Figure, runs: list[Run], scale: str | None = None):
     """The figure in the paper's layout, with the paper's caption and claim and ours below.
 
     The caption is wrapped to the figure's width and the figure made tall enough for it, so
     it lies inside the canvas whatever the dpi or bounding box it is saved with. Each line
     keeps one colour, line style and marker in every panel (``flnotes.plots.line_style``).
+
+    ``scale`` (e.g. "smoke scale") goes into the title, so that a figure drawn from runs that
+    cannot test the claim says so on itself.
 
     Returns (matplotlib Figure, caption lines)."""
     import matplotlib
@@ -487,7 +512,8 @@ def draw(figure: Figure, runs: list[Run]):
         ax.set_visible(False)
     ours = summary(figure, panels)
     caption = caption_lines(figure, ours)
-    fig.suptitle(f"{figure.paper} {figure.number}: ours", fontsize=11)
+    fig.suptitle(f"{figure.paper} {figure.number}: ours" + (f", {scale}" if scale else ""),
+                 fontsize=11)
     chars = caption_width(fig)
     text = "\n".join(textwrap.fill(line, chars, subsequent_indent="  ")
                      for line in caption[1:])
