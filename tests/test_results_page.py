@@ -389,3 +389,29 @@ def test_tables_reads_every_claim_as_the_page_does(results, fml_results, capsys)
         assert [line for line in printed if not line.startswith("done in")] == claims
     assert ("CIFAR-10, CNN2, shards-1: FedProx > FedAvg does not hold (late difference per "
             "seed: -1.00, -1.00)") in claims
+
+
+def test_a_diverged_run_is_named_wherever_its_claim_is_read(results, capsys):
+    """A run whose loss became NaN stops ("diverged"): the page's table and reading, the
+    tables command and the notebooks' answer all say so beside the claim, since the late
+    window then lies before the divergence."""
+    from flnotes.repro import evidence, tables
+
+    run_dir = results / "cells" / "dir=0.1_FedQP_seed1-00000001" / "runs" / "fedqp" / "seed1"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = rows[:26] + [{"round": 27, "train_loss": float("nan")}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps(dict(meta, status="diverged")))
+    note = ("FedQP diverged in seed 1 (round 27): read over the evaluations before, and it has "
+            "no model after")
+    text = results_page.build_page(results)[0].read_text()
+    assert "| cannot tell (a run diverged) |" in row_of(text, DIFFERENCES, "CIFAR-10", "CNN",
+                                                        "dir=0.1", "FedQP − FedAvg")
+    assert note[0].upper() + note[1:] + "." in text.split("## Reading")[1]
+    qp = [line for line in evidence.answer("evidence", results) if "FedQP" in line
+          and "dir=0.1" in line]
+    assert qp[0].endswith("; " + note)
+    claims = tables.readings(tables.one_per_run(tables.collect_runs(results)))
+    assert [c for c in claims if "FedQP" in c and "dir=0.1" in c] == qp
+    assert not any("diverged" in c for c in claims if "FedQP" not in c or "iid" in c)

@@ -109,11 +109,13 @@ def verdicts(groups: dict) -> list[str]:
     lines = []
     for setting, by_method in groups.items():
         base = by_method.get(results_page.BASELINE, [])
-        pairs = [(f"{m} > {results_page.BASELINE}", results_page.late_reading(runs, base))
-                 for m, runs in by_method.items() if m != results_page.BASELINE and base]
-        pairs += [(f"{m}'s personal models > its global model", result)
+        lines += [claim_line(setting, f"{m} > {results_page.BASELINE}",
+                             results_page.late_reading(runs, base),
+                             results_page.diverged(by_method, m, results_page.BASELINE))
+                  for m, runs in by_method.items() if m != results_page.BASELINE and base]
+        lines += [claim_line(setting, f"{m}'s personal models > its global model", result,
+                             results_page.diverged(by_method, m))
                   for m, result in results_page.personal_readings(by_method)]
-        lines += [claim_line(setting, claim, result) for claim, result in pairs]
     return lines
 
 

@@ -130,10 +130,25 @@ def read(a: Mapping[int, Curve], b: Mapping[int, Curve], share: float = LATE_SHA
     return Reading(verdict, seeds, spread)
 
 
-def claim_line(setting: Sequence[str], claim: str, result: Reading) -> str:
+def claim_line(setting: Sequence[str], claim: str, result: Reading, note: str = "") -> str:
     """One line per claim, as ``tables`` and the notebooks' answers print it: the setting,
-    the claim, the verdict and each seed's late difference."""
+    the claim, the verdict and each seed's late difference (then ``note``, e.g. a
+    divergence)."""
     per_seed = ", ".join(f"{s.difference:+.2f}" for s in result.seeds) or "no seed"
     return (f"{', '.join(map(str, setting))}: {claim} {result.verdict} "
-            f"(late difference per seed: {per_seed})")
+            f"(late difference per seed: {per_seed})" + (f"; {note}" if note else ""))
+
+
+def diverged_note(stops: Mapping[str, Mapping[int, int]]) -> str:
+    """What a reading must say when a run diverged (its loss became NaN or infinite and the
+    run stopped): method -> seed -> the round it stopped at. The late window then lies
+    before the divergence, and a verdict there says nothing about the rounds after, where
+    that method has no usable model; '' when nothing diverged."""
+    parts = [f"{method} diverged in seed{'s' if len(seeds) > 1 else ''} "
+             + ", ".join(f"{seed} (round {last})" for seed, last in sorted(seeds.items()))
+             for method, seeds in stops.items() if seeds]
+    if not parts:
+        return ""
+    return ("; ".join(parts) + ": read over the evaluations before, and it has no model "
+            "after")
 

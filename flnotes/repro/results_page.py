@@ -39,7 +39,7 @@ from flnotes.plots import line_style, markevery
 from flnotes.repro import REPO_ROOT
 from flnotes.repro.figures import Run, load_runs, mean_band
 from flnotes.repro.paper_tables import load_paper_table
-from flnotes.repro.reading import Reading, read
+from flnotes.repro.reading import Reading, diverged_note, read
 from flnotes.repro.tables import sample_std
 
 BASELINE = "FedAvg"
@@ -130,6 +130,13 @@ def by_setting(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
         out.setdefault(_setting(run), {}).setdefault(str(run.labels["method"]), []).append(run)
     return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
             for k, v in sorted(out.items())}
+
+
+def diverged(by_method: dict[str, list[Run]], *methods: str) -> str:
+    """The reading's note on runs of ``methods`` that diverged (reading.diverged_note)."""
+    return diverged_note({m: {r.seed: max((row["round"] for row in r.rows), default=0)
+                              for r in by_method.get(m, []) if r.status == "diverged"}
+                          for m in methods})
 
 
 def late_reading(method_runs: list[Run], base_runs: list[Run]) -> Reading:
@@ -362,9 +369,12 @@ def page_text(results: Path, groups: dict, png: str) -> str:
             cell_text = "—" if paper is None else \
                 f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} " \
                 f"({table}{_stand_in(setting, paper_of[setting])})"
+            note = diverged(by_method, method, BASELINE)
             lines.append(f"| {' | '.join(setting)} | {method} − {BASELINE} | {ours} | "
-                         f"{per_seed} | {result.verdict} | {shown} | {cell_text} |")
-            readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}")
+                         f"{per_seed} | {result.verdict}{' (a run diverged)' if note else ''} "
+                         f"| {shown} | {cell_text} |")
+            readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}"
+                            + (f" {note[0].upper()}{note[1:]}." if note else ""))
     stand_ins = [f"Our {'/'.join(setting)} stands in for the paper's {'/'.join(paper)}: its "
                  "rows show the paper's cells of that setting." for setting, paper in
                  paper_of.items() if tuple(setting) != tuple(paper)]

@@ -55,7 +55,7 @@ from flnotes.repro.paper_tables import (
     paper_table_names,
     run_labels,
 )
-from flnotes.repro.reading import claim_line, read
+from flnotes.repro.reading import claim_line, diverged_note, read
 
 LAST_EVALUATIONS = 10
 FAILED = "failed"  # run.json status of a run that raised (left out of every table)
@@ -418,21 +418,27 @@ def readings(runs: pd.DataFrame) -> list[str]:
     with the evaluations it has. ``runs``: :func:`collect_runs`, after :func:`one_per_run`."""
     runs = runs[runs["status"] != FAILED]
     curves: dict[tuple, dict[str, dict[int, tuple]]] = {}
+    stops: dict[tuple, dict[str, dict[int, int]]] = {}  # setting -> method -> diverged seeds
     for _, run in runs.iterrows():
         rows = read_metric_rows(Path(run["run_dir"]) / "metrics.jsonl",
                                 running=run["status"] == "running")
         points = [(r["round"], 100 * r["accuracy"]) for r in rows if "accuracy" in r]
+        setting, method = tuple(str(run[k]) for k in KEY[:3]), str(run["method"])
+        if run["status"] == "diverged":
+            stops.setdefault(setting, {}).setdefault(method, {})[int(run["seed"])] = max(
+                (r["round"] for r in rows), default=0)
         if points:
             rounds, values = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
-            setting = tuple(str(run[k]) for k in KEY[:3])
-            curves.setdefault(setting, {}).setdefault(str(run["method"]), {})[
-                int(run["seed"])] = (rounds, values)
+            curves.setdefault(setting, {}).setdefault(method, {})[int(run["seed"])] = (
+                rounds, values)
     lines = []
     for setting, by_method in sorted(curves.items()):
         if BASELINE not in by_method:
             continue
+        stopped = stops.get(setting, {})
         lines += [claim_line(setting, f"{method} > {BASELINE}",
-                             read(by_method[method], by_method[BASELINE]))
+                             read(by_method[method], by_method[BASELINE]),
+                             diverged_note({m: stopped.get(m, {}) for m in (method, BASELINE)}))
                   for method in sorted(by_method) if method != BASELINE]
     return lines
 
