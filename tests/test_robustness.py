@@ -5,6 +5,8 @@ import errno
 import fcntl
 import os
 
+import pytest
+
 from flnotes.cli.main import main
 from flnotes.repro import notebooks
 
@@ -105,3 +107,32 @@ def test_a_data_option_too_large_for_memory_is_named(tmp_path, capsys):
     line = _error_line(capsys)
     assert line.startswith("error: --data-option num_train=1000000000000 is too large: the "
                            "data do not fit in memory"), line
+
+
+def test_a_lock_taken_on_a_file_just_removed_is_taken_again_on_the_new_one(tmp_path,
+                                                                           monkeypatch):
+    """run.lock and cell.lock are removed when let go. A process that opened the old file
+    just before and then got its lock holds a file no longer at the path; lock_file sees the
+    inode differ and takes the file that is there, so two processes never both hold."""
+    from flnotes.engine import run_folder
+
+    path = tmp_path / "run.lock"
+    real_hold, calls = run_folder.hold_lock, []
+
+    def hold_then_lose_the_file(handle):
+        held = real_hold(handle)
+        if not calls:  # the first take: another process lets go and removes the file now
+            path.unlink()
+            path.write_text("")
+        calls.append(held)
+        return held
+
+    monkeypatch.setattr(run_folder, "hold_lock", hold_then_lose_the_file)
+    held = run_folder.lock_file(path)
+    assert len(calls) == 2 and calls[0].closed
+    assert os.fstat(held.fileno()).st_ino == os.stat(path).st_ino
+    with open(path, "a+") as other:  # the file at the path is the one held
+        with pytest.raises(OSError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    run_folder.unlock_file(held)
+    assert not path.exists() and held.closed

@@ -80,6 +80,9 @@ def test_run_records_failures_and_resumes(tmp_path, notebook, capfd):
     runs = {c.id: (out / "cells" / c.id / "executions.txt").read_text().count("x")
             for c in grid.cells}
     assert runs == {c.id: 2 if c.parameters["fail"] else 1 for c in grid.cells}
+    # A finished sweep leaves no lock file behind: each cell's cell.lock is removed as the
+    # sweep lets go of it (the folders are committed as they are).
+    assert not list(out.rglob("*.lock"))
 
 
 def test_reproduction_notebook_takes_injected_parameters(tmp_path):

@@ -126,17 +126,46 @@ def lock_folder(run_dir: Path):
             raise RunFolderError(f"run folder {run_dir} is a file, not a folder; choose "
                                  "another run_dir")
         run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / "run.lock", "a+")
     except OSError as err:
         raise RunFolderError(f"cannot use run folder {run_dir}: {_os_reason(err)}") from None
     try:
-        held = hold_lock(handle)
-    except OSError as err:  # a full disk
+        held = lock_file(run_dir / "run.lock")
+    except OSError as err:  # a full disk, or a folder we may not write
+        if isinstance(err, (PermissionError, FileNotFoundError)):
+            raise RunFolderError(f"cannot use run folder {run_dir}: {_os_reason(err)}") \
+                from None
         raise _write_error(err, run_dir) from None
     if isinstance(held, str):
         raise RunFolderError(f"run folder {run_dir} is in use by {held}; wait for that run "
                              "to end, or choose another run_dir") from None
     return held
+
+
+def lock_file(path: Path):
+    """Open ``path`` and hold it (:func:`hold_lock`): the open file, or the holder's line.
+
+    The file is removed when its holder lets go (:func:`unlock_file`), so a finished folder
+    keeps no lock file. A process that opened the file just before it was removed holds a
+    file no longer at ``path``: it opens the new one and tries again."""
+    for _ in range(5):
+        held = hold_lock(open(path, "a+"))
+        if isinstance(held, str):
+            return held
+        try:
+            if os.stat(path).st_ino == os.fstat(held.fileno()).st_ino:
+                return held
+        except FileNotFoundError:
+            pass
+        held.close()
+    raise OSError(f"{path} keeps being removed while taken; another process is cleaning it")
+
+
+def unlock_file(handle) -> None:
+    """Let go of a lock taken by :func:`lock_file`, removing its file first (while still
+    held, so no other process can hold the old file after it)."""
+    with contextlib.suppress(OSError):
+        os.unlink(handle.name)
+    handle.close()
 
 
 def hold_lock(handle):

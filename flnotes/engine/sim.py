@@ -226,7 +226,7 @@ class Simulation:
     def release(self) -> None:
         """Let go of the run folder's lock (a finished, interrupted or failed run)."""
         if self._lock is not None:
-            self._lock.close()
+            run_folder.unlock_file(self._lock)
             self._lock = None
 
     @property

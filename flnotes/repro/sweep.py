@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from flnotes.engine.client_state import write_atomically
-from flnotes.engine.run_folder import NO_SPACE, disk_full, hold_lock
+from flnotes.engine.run_folder import NO_SPACE, disk_full, lock_file, unlock_file
 from flnotes.engine.stops import send_nowhere
 from flnotes.engine.tracking import logger_environment, prepare_store
 from flnotes.repro import REPO_ROOT
@@ -156,7 +156,7 @@ EXIT_ELSEWHERE = 3
 def _lock_cell(folder: Path):
     """Hold the cell's ``cell.lock``: the open file (closing it lets go), or the holder's
     line ("pid N on HOST since T") when another process runs the cell."""
-    return hold_lock(open(folder / "cell.lock", "a+"))
+    return lock_file(folder / "cell.lock")
 
 
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
@@ -181,7 +181,7 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
         return _run_cell(notebook, cell, folder, meta)
     finally:
         _HOLDING.discard(cell_dir)
-        lock.close()
+        unlock_file(lock)
 
 
 def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
@@ -532,7 +532,7 @@ def _finished_record(job: tuple, exitcode: int | None) -> dict:
     try:
         return _record_end(path, record, exitcode, meta, cell)
     finally:
-        lock.close()
+        unlock_file(lock)
 
 
 def _record_end(path: Path, record: dict | None, exitcode: int | None, meta: dict,
