@@ -209,3 +209,28 @@ def test_config_that_is_neither_json_nor_yaml_is_one_line(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("lr: [0.1\nrounds: 2\n")
     assert main(["run", "--config", str(tmp_path / "c.yaml")]) == 2
     assert "is damaged (not JSON or YAML" in _one_line_error(capsys)
+
+
+def test_config_yaml_merge_keys_yaml_12_booleans_and_a_list_key(tmp_path, capsys):
+    """YAML as a user writes it: a merge key's values (overridden by the mapping's own),
+    `compile: off` as the text "off" (YAML 1.1 would make it False, which RunConfig
+    refuses), and a key that is a list as a one-line error naming the line."""
+    text = ("defaults: &base\n  lr: 0.5\n  rounds: 1\nrun:\n  <<: *base\n  lr: 0.03\n"
+            "  compile: off\n  num_clients: 4\n  clients_per_round: 2\n  device: cpu\n"
+            "  data_options: {num_train: 400, num_test: 100}\n")
+    (tmp_path / "anchors.yaml").write_text(text)
+    from flnotes.config.yaml_text import read_yaml
+
+    run = read_yaml(text)["run"]
+    assert (run["lr"], run["rounds"], run["compile"]) == (0.03, 1, "off")
+    (tmp_path / "exp.yaml").write_text("".join(
+        line[2:] + "\n" for line in text.splitlines()[4:] if line.startswith("  ")
+        and "<<" not in line) + "rounds: 1\n")
+    assert main(["run", "--config", str(tmp_path / "exp.yaml"),
+                 "--run-dir", str(tmp_path / "y")]) == 0
+    assert _stored(tmp_path / "y")["compile"] == "off"
+    (tmp_path / "bad.yaml").write_text("lr: 0.1\n[a, b]: 1\n")
+    assert main(["run", "--config", str(tmp_path / "bad.yaml")]) == 2
+    line = _one_line_error(capsys)
+    assert "a key must be a name or a number, not a list at line 2" in line, line
+    assert read_yaml("on: yes\nx: True\n") == {"on": "yes", "x": True}

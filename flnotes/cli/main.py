@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 import typing
@@ -36,6 +35,7 @@ from flnotes.config import (
     field_names,
     model_names,
 )
+from flnotes.config.yaml_text import DuplicateKey, read_yaml
 from flnotes.messages import did_you_mean
 
 DESCRIPTION = """\
@@ -62,7 +62,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     try:
-        parsed = yaml.safe_load(value)
+        parsed = read_yaml(value)  # (YAML 1.2 booleans: KEY=off is the text 'off')
     except yaml.YAMLError as err:
         problem = " ".join(str(getattr(err, "problem", None) or err).split())
         raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({problem}); "
@@ -232,50 +232,24 @@ def _said(stored: dict) -> dict:
             or all(v != s.default for s in declared[k].values())}
 
 
-class _StrictYamlLoader(yaml.SafeLoader):
-    """yaml.safe_load, but a key given twice is refused (PyYAML keeps the last silently)
-    and 1e-3 is a number (YAML 1.1 wants a dot in it, as JSON does not)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key, line: int | None = None) -> None:
-        super().__init__(key)
-        self.key, self.line = key, line
-
-
 def _no_duplicates(pairs: list) -> dict:
     """json's object_pairs_hook: a key given twice is refused (json keeps the last)."""
     seen = {}
     for key, value in pairs:
         if key in seen:
-            raise _DuplicateKey(key)
+            raise DuplicateKey(key)
         seen[key] = value
     return seen
 
 
 def _parse_config_text(text: str):
     """A config file's text as JSON, else as YAML (which most JSON also is; JSON first:
-    YAML 1.1 would read json.dumps's 1e-05 as text); _DuplicateKey for a key given twice."""
+    YAML 1.1 would read json.dumps's 1e-05 as text); DuplicateKey for a key given twice."""
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError:
         pass
-    return yaml.load(text, Loader=_StrictYamlLoader)  # noqa: S506 (a SafeLoader)
+    return read_yaml(text)
 
 
 def _stored_config(path: str, flag: str) -> dict:
@@ -296,8 +270,8 @@ def _stored_config(path: str, flag: str) -> dict:
         raise ValueError(f"{flag} {path}: cannot read {file} ({reason})") from None
     try:
         values = _parse_config_text(text)
-    except _DuplicateKey as dup:
-        where = f" (line {dup.line})" if dup.line else ""
+    except DuplicateKey as dup:
+        where = f" (line {dup.again})" if dup.again else ""
         raise ValueError(f"{flag} {path}: {file} gives {dup.key!r} twice{where}; keep "
                          "one") from None
     except yaml.YAMLError as err:

@@ -54,6 +54,7 @@ from flnotes.config.presets import (
     preset_values,
     seed_code_baselines,
 )
+from flnotes.config.yaml_text import DuplicateKey, read_yaml
 from flnotes.messages import did_you_mean
 from flnotes.repro import PACKAGE_DIR, SWEEP_DIR
 
@@ -91,44 +92,6 @@ class Grid:
     variant: str
     cells: list[Cell] = field(default_factory=list)
     paper_table: str | None = None
-
-
-class _DuplicateKey(yaml.YAMLError):
-    """A key given twice in one YAML mapping (PyYAML's safe_load keeps the last silently)."""
-
-    def __init__(self, key, first: int, again: int) -> None:
-        super().__init__(f"key {key!r} given twice in one mapping (lines {first} and {again}); "
-                         "YAML would keep only the last: remove one")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a mapping with a key given twice."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" may be overridden
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            first = seen.get(key)
-        except TypeError:  # an unhashable key: construct_mapping says so
-            continue
-        line = key_node.start_mark.line + 1
-        if first is not None:
-            raise _DuplicateKey(key, first, line)
-        seen[key] = line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                                 _unique_mapping)
-
-
-def read_yaml(text: str) -> Any:
-    """yaml.safe_load, but a key given twice in one mapping is an error (_DuplicateKey)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
 
 
 def find_notebook(name: str, grid_path: Path) -> Path | None:
@@ -197,7 +160,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     path = resolve_grid(path)
     try:
         spec = read_yaml(path.read_text()) or {}
-    except _DuplicateKey as err:
+    except DuplicateKey as err:
         raise GridError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)

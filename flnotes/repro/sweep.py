@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from flnotes.config.yaml_text import read_yaml
 from flnotes.engine.client_state import write_atomically
 from flnotes.engine.run_folder import NO_SPACE, disk_full, lock_file, unlock_file
 from flnotes.engine.stops import send_nowhere
@@ -661,7 +662,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not sep or not key.strip():
             raise GridError(f"--set expects KEY=VALUE, got {item!r}")
         try:
-            overrides[key.strip()] = yaml.safe_load(value)
+            overrides[key.strip()] = read_yaml(value)
         except yaml.YAMLError as err:
             problem = " ".join(str(getattr(err, "problem", None) or err).split())
             raise GridError(f"--set {item!r}: the value is not YAML ({problem}); quote it, "
