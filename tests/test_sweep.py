@@ -80,6 +80,12 @@ def test_run_records_failures_and_resumes(tmp_path, notebook, capfd):
     runs = {c.id: (out / "cells" / c.id / "executions.txt").read_text().count("x")
             for c in grid.cells}
     assert runs == {c.id: 2 if c.parameters["fail"] else 1 for c in grid.cells}
+    # The cell records the device its runs trained on (the fake run.json names none here)
+    # and, for the failed cell run a second time, its earlier attempt and error.
+    twice = json.loads((out / "cells" / failed.id / "cell.json").read_text())
+    assert twice["attempt"] == 2 and twice["device_slot"] == "none (cpu/auto)"
+    assert [a["status"] for a in twice["earlier_attempts"]] == ["failed"]
+    assert "boom at x=40" in twice["earlier_attempts"][0]["error"]
     # A finished sweep leaves no lock file behind: each cell's cell.lock is removed as the
     # sweep lets go of it (the folders are committed as they are).
     assert not list(out.rglob("*.lock"))
@@ -234,3 +240,19 @@ def test_a_sweep_logs_a_line_per_cell_as_it_ends_into_a_pipe(tmp_path):
             proc.communicate()
     assert proc.returncode == 0
     assert rest.splitlines()[0].startswith("[2/2] 2_seed") and ": completed (" in rest, rest
+
+
+def test_a_cell_says_the_device_its_runs_trained_on_not_the_one_it_was_offered(
+        tmp_path, monkeypatch):
+    """A worker offered GPU 0 (CUDA_VISIBLE_DEVICES) whose runs trained on the CPU: cell.json's
+    device is the runs' ("cpu", from each run.json's environment), its device_slot the offer."""
+    body = BODY.replace('"status": "completed"}', '"status": "completed", '
+                        '"environment": {"device": "cpu"}}')
+    notebook = write_notebook(tmp_path, body)
+    grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [40]},
+                                           "fixed": {"fail": False}, "seeds": [0]}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    sweep.run_sweep(grid, tmp_path / "out", progress=False)
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("cell.json")]
+    assert record["status"] == "completed" and record["attempt"] == 1
+    assert (record["device"], record["device_slot"]) == ("cpu", "CUDA_VISIBLE_DEVICES=0")

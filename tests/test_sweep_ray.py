@@ -212,7 +212,7 @@ def _devices(tmp_path: Path, gpus: str) -> list[str]:
     assert all(threads == "1" for _, threads in values)  # half a CPU: one thread
     records = _records(folder / "out")
     for x, (device, _) in zip((1, 2, 3, 4), values, strict=True):
-        assert records[x]["device"] == f"cuda (CUDA_VISIBLE_DEVICES={device})"
+        assert records[x]["device_slot"] == f"CUDA_VISIBLE_DEVICES={device}"
     return [device for device, _ in values]
 
 

@@ -189,9 +189,16 @@ def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
     import papermill as pm
 
     params = dict(cell["parameters"], output_dir=str(folder))
-    device = os.environ.get("CUDA_VISIBLE_DEVICES")
+    slot = os.environ.get("CUDA_VISIBLE_DEVICES")
+    # An earlier try of this cell (failed, interrupted, or a worker that died): counted, and
+    # its error kept, so a cell that passed on its third try says so.
+    before = _read_record(folder / "cell.json") or {}
+    earlier = [*before.get("earlier_attempts", []),
+               {k: before.get(k) for k in ("status", "error", "started")}] if before else []
     record = {**meta, **cell, "parameters": params, "status": "running", "error": None,
-              "device": f"cuda (CUDA_VISIBLE_DEVICES={device})" if device else "cpu/auto",
+              # where the sweep put it; "device" below is what its runs trained on
+              "device_slot": f"CUDA_VISIBLE_DEVICES={slot}" if slot else "none (cpu/auto)",
+              "attempt": len(earlier) + 1, "earlier_attempts": earlier,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write_json(folder / "cell.json", record)
     tic = time.perf_counter()
@@ -212,6 +219,7 @@ def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
     except KeyboardInterrupt:  # Ctrl-C, or the sweep stopping its workers
         record["status"] = "interrupted"
         record["seconds"] = round(time.perf_counter() - tic, 2)
+        record["device"] = _devices_used(folder)
         _write_json(folder / "cell.json", record)
         raise
     except Exception as err:  # a failed cell is recorded; the batch goes on
@@ -220,8 +228,21 @@ def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
         record["error"] = f"{ename}: {evalue}" if ename else f"{type(err).__name__}: {err}"
         record["traceback"] = traceback.format_exc(limit=3)[-4000:]
     record["seconds"] = round(time.perf_counter() - tic, 2)
+    record["device"] = _devices_used(folder)
     _write_json(folder / "cell.json", record)
     return record
+
+
+def _devices_used(folder: Path) -> str | None:
+    """The devices the cell's runs trained on (each run.json's environment), e.g. "cpu" or
+    "cuda:0"; None when no run folder says (a cell that failed before its first run)."""
+    devices = set()
+    for meta in folder.rglob("run.json"):
+        record = _read_record(meta)
+        device = (record or {}).get("environment", {}).get("device")
+        if device:
+            devices.add(str(device))
+    return ", ".join(sorted(devices)) or None
 
 
 @contextlib.contextmanager
