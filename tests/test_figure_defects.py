@@ -282,3 +282,17 @@ def test_toy_slices_differ_beyond_colour():
     fig = toy_plots.plot_slices({"global": fed.global_loss, "client 0": fed.clients[0]},
                                 (-2.0, -1.0), (2.0, -1.0))
     _differ_beyond_colour(fig.axes[0].get_lines())
+
+
+def test_notebook_03_says_its_flat_and_sharp_labels_are_places_not_curvature():
+    """FedMR ends with sharp_basin = 1 at a sharpness as low as the flat valley's: the text
+    before the table says the labels test distance to a basin's centre, and that curvature is
+    the sharpness column."""
+    cells = _notebook("03_mutation_regions")
+    (table,) = [i for i, c in enumerate(cells)
+                if "print(toy.final_table(fedmr_hist)" in "".join(c["source"])]
+    before = "".join(cells[table - 1]["source"])
+    assert cells[table - 1]["cell_type"] == "markdown"
+    for words in ("within the flat basin's radius", "within the sharp radius", "`sharpness`",
+                  "Hessian", "FedMR's end point"):
+        assert words in before, words
