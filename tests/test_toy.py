@@ -460,3 +460,57 @@ def test_warm_up_runs_each_method_once_and_keeps_nothing(monkeypatch):
     # A method that fails to run is no error of the explorer's cell.
     monkeypatch.setattr(seeds, "run_seeds", lambda *a, **k: 1 / 0)
     experiments.warm_up(["fedmut"])
+
+
+# ---- the shipped default race (flnotes/toy/shipped.py) ------------------------------------
+
+
+def test_the_shipped_race_covers_every_method_at_notebook_04s_setting():
+    from flnotes.algorithms import algorithm_class
+    from flnotes.toy import shipped
+
+    entries = {e["algorithm"]: e for e in shipped.entries()}
+    assert sorted(entries) == sorted(algorithm_names()), \
+        "run python -m flnotes.toy.shipped (a method was added or renamed)"
+    for name, entry in entries.items():
+        assert entry["class"] == shipped.class_path(algorithm_class(name))
+        assert entry["overrides"] == shipped.DEFAULT and entry["stack"] is True
+        assert [r["seed"] for r in entry["rows"]] == list(range(shipped.SEEDS))
+        assert {r["algorithm"] for r in entry["rows"]} == {name}
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_the_shipped_race_is_what_the_methods_do_now(algorithm):
+    """Every method's first seeds run again, fresh: the shipped rows are theirs to float
+    tolerance. A change that moves a toy run fails here: python -m flnotes.toy.shipped."""
+    from flnotes.toy import shipped
+
+    (entry,) = [e for e in shipped.entries() if e["algorithm"] == algorithm]
+    toy.forget_races()
+    fresh = toy.race([algorithm], seeds=3, **shipped.DEFAULT)
+    for new, old in zip(fresh, entry["rows"][:3], strict=True):
+        assert (new["seed"], new["status"], new["accuracy"], new["sharp_basin"]) == \
+            (old["seed"], old["status"], old["accuracy"], old["sharp_basin"]), algorithm
+        for key in ("x", "y", "loss", "worst_client_loss", "sharpness"):
+            assert new[key] == pytest.approx(old[key], abs=1e-4, nan_ok=True), (algorithm, key)
+
+
+def test_a_race_at_the_shipped_setting_runs_nothing_and_another_setting_runs(monkeypatch,
+                                                                              capsys):
+    from flnotes.toy import experiments, shipped
+
+    toy.forget_races()
+    monkeypatch.setattr(experiments, "_SHIPPED_READ", [False])  # a fresh process
+    ran = []
+    real = experiments._run_races
+    monkeypatch.setattr(experiments, "_run_races",
+                        lambda algorithms, *a: ran.append(list(algorithms)) or real(
+                            algorithms, *a))
+    rows = toy.race(seeds=shipped.SEEDS, progress=True, **shipped.DEFAULT)
+    assert ran == [] and "shipped with flnotes" in capsys.readouterr().out
+    by_method = {e["algorithm"]: e["rows"] for e in shipped.entries()}
+    assert rows == [row for name in algorithm_names() for row in by_method[name]]
+    assert toy.race(["fedavg"], seeds=20, **shipped.DEFAULT) == by_method["fedavg"][:20]
+    toy.race(["fedavg"], seeds=2, **{**shipped.DEFAULT, "lr": 0.2})
+    assert ran == [["fedavg"]]
+    toy.forget_races()

@@ -93,6 +93,9 @@ def test_the_wheel_carries_its_data_and_runs_from_the_venv(installed):
     assert Path(package).is_relative_to(command.parents[1]) and repo == "None"
     assert {p.name for p in (Path(package) / "notebooks").glob("*.ipynb")} == {
         p.name for p in (SOURCE / "flnotes" / "notebooks").glob("*.ipynb")}
+    # notebook 04's default race ships too (else its first table takes minutes)
+    shipped = Path(package) / "toy" / "shipped_races.json.gz"
+    assert shipped.read_bytes() == (SOURCE / "flnotes" / "toy" / shipped.name).read_bytes()
 
 
 def test_demo_quick_finds_the_notebooks(installed):
