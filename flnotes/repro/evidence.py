@@ -26,7 +26,13 @@ class Study:
     grid: str  # the grid file, relative to the repository
     page: str  # its generated page, relative to results/
     cost: str  # CPU cost as measured, for the one-line message
-    data: str = "--set data_dir=DATA"  # how the command names the data (before --out)
+    data: str = "--set data_dir=DATA "  # how the command names the data folder ...
+    env: str = ""  # ... or the environment before it
+
+    def command(self, name: str) -> str:
+        """The command that makes the study's runs in a clone with the data."""
+        return (f"{self.env}python -m flnotes sweep {self.grid} {self.data}--out "
+                f"results/{name} --workers 1")
 
 
 STUDIES = {
@@ -39,7 +45,7 @@ STUDIES = {
     # CIFAR-10 from $FLNOTES_DATA, so that Fashion-MNIST may come from Debian's copy
     "fedup": Study("benchmarks/fedup_evidence.yaml", "fedup.md",
                    "1-2 s a round on one loaded thread, 150-200 rounds a run",
-                   data="(with FLNOTES_DATA=DATA in the environment)"),
+                   data="", env="FLNOTES_DATA=DATA "),
 }
 # the page's sections a notebook shows under the curves
 SECTIONS = ("Differences to FedAvg, beside the papers'", "Personal models", "Reading")
@@ -59,8 +65,7 @@ def missing_line(name: str) -> str:
     return (f"No results/{name} folder here or above, so nothing to draw: the picture and "
             f"reading stored in this notebook come from the flnotes repository's committed "
             f"runs (results/{name}, page results/{study.page}); in a clone with the data, "
-            f"`python -m flnotes sweep {study.grid} --out results/{name} --workers 1` "
-            f"{study.data} makes them ({study.cost}).")
+            f"`{study.command(name)}` makes them ({study.cost}).")
 
 
 def sections(text: str, wanted: tuple[str, ...] = SECTIONS) -> str:
