@@ -3,14 +3,18 @@ notebook series copied out, a sweep's runs logged to one TensorBoard store as th
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import write_grid, write_notebook
 
 from flnotes.cli.main import main
 from flnotes.repro import NOTEBOOK_DIR, PAPER_TABLE_DIR, SWEEP_DIR
 from flnotes.repro.grid import GridError, load_grid, resolve_grid, shipped_grids
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_package_holds_the_notebooks_grids_and_paper_tables():
@@ -270,3 +274,16 @@ def test_the_readmes_methods_table_is_the_registrys(capsys):
     assert [row.split("`")[1] for row in rows] == algorithm_names()
     assert main(["methods"]) == 0
     assert capsys.readouterr().out.startswith(methods_markdown() + "\n")
+
+
+def test_the_readmes_cpu_only_install_pins_what_the_package_allows():
+    """The README's CPU-only command installs torch and torchvision at the newest versions
+    pyproject allows, both: a torch the package's bounds refuse (the CPU index's newest), or
+    a torchvision left to PyPI (it pins its torch), makes pip fetch CUDA torch again."""
+    readme = (REPO / "README.md").read_text()
+    (command,) = [line for line in readme.splitlines()
+                  if "--index-url https://download.pytorch.org/whl/cpu" in line]
+    pinned = dict(re.findall(r"\b(torch|torchvision)==([\w.]+)", command))
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    highest = dict(re.findall(r"^(torch|torchvision)\b.*<=([\w.]+)", "\n".join(deps), re.M))
+    assert pinned == highest and set(pinned) == {"torch", "torchvision"}
