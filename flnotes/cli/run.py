@@ -5,6 +5,7 @@ Kept apart from :mod:`flnotes.cli.main`, which builds the parser and dispatches.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -15,6 +16,10 @@ from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses
     EXIT_TERMINATED,
     Terminated,
     exit_code,
+    ignored_settings,
+    interruption_report,
+    run,
+    settings_hash,
     terminate_like_ctrl_c,
 )
 from flnotes.engine.stops import (  # noqa: F401 (EXIT_READER_LEFT, send_nowhere: main's)
@@ -34,8 +39,6 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     MLflow beside the run folder (``logger_dir``: into that folder instead). The progress
     bar is drawn only when stderr is a terminal; a log gets plain per-round lines.
     """
-    from flnotes.engine.sim import run
-
     if seeds is not None and not seeds:  # --seeds "": else one seed would run, silently
         raise ValueError("--seeds names no seed; give them like --seeds 0,1,2, or leave the "
                          "flag out to run the one --seed")
@@ -82,8 +85,6 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
         history = run(config, on_round=on_round, progress=progress, track=False,
                       threads=threads)
     except KeyboardInterrupt as stop:
-        from flnotes.engine.sim import interruption_report
-
         if tracker:
             tracker.close("interrupted")
         _say(interruption_report(config.run_dir))
@@ -150,10 +151,6 @@ def _plain_start_lines(config: RunConfig) -> str | None:
     """Without a progress bar the engine prints nothing before the first round: print the
     settings it will not use; return, for a run folder it would resume, the line saying
     from where (as it would), to print once the run has accepted the folder."""
-    import json
-
-    from flnotes.engine.sim import ignored_settings
-
     for line in ignored_settings(config):
         print(line, file=sys.stderr)
     run_dir = Path(config.run_dir)
@@ -183,14 +180,11 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     callback), each seed folder its own TensorBoard folder and MLflow run.
     """
     from flnotes.engine.seeds import run_seeds
-    from flnotes.engine.sim import interruption_report
     from flnotes.plots import plot_learning_curves
     from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std
 
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
-    from flnotes.engine.sim import ignored_settings
-
     for line in ignored_settings(config):
         print(line, file=sys.stderr)
     try:
@@ -260,8 +254,6 @@ def settings_digest(config: RunConfig) -> str:
     a rerun with more rounds, or on a GPU, finds the same folder, while another mu or lr
     gets a folder of its own. The checkpoint inside carries the full hash, seed included.
     """
-    from flnotes.engine.sim import settings_hash
-
     return settings_hash(config, seed=False)[:6]
 
 
