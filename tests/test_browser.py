@@ -47,9 +47,10 @@ from pathlib import Path
 
 import pytest
 
+from flnotes.repro.notebooks import TEACHING as TEACHING_NOTEBOOKS
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-TEACHING = ["00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
-            "03_mutation_regions", "04_toy_race", "21_flatness"]
+TEACHING = list(TEACHING_NOTEBOOKS)
 RUN_ALL_TIMEOUT_S = 600  # generous: a busy 2-core machine
 # per move; the benchmark holds the real target. 04's explorer races 10 seeds here (see
 # _fewer_seeds), and its extremes (200 seeds, 40 rounds) many times as many runs.

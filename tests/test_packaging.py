@@ -287,3 +287,15 @@ def test_the_readmes_cpu_only_install_pins_what_the_package_allows():
     project = (REPO / "pyproject.toml").read_text()
     highest = dict(re.findall(r'"(torch|torchvision)>=[\w.]+,<=([\w.]+)"', project))
     assert pinned == highest and set(pinned) == {"torch", "torchvision"}
+
+
+def test_the_teaching_notebooks_are_listed_once_and_all_exist():
+    """One list (flnotes.repro.notebooks.TEACHING) for what is stored with its figures, what
+    the browser test drives and what the demo runs; every name in it is a notebook."""
+    from flnotes.notebooks import refresh_outputs
+    from flnotes.repro.notebooks import TEACHING, TOY_COURSE, teaching_notebooks
+
+    assert all((NOTEBOOK_DIR / f"{name}.ipynb").is_file() for name in TEACHING)
+    assert refresh_outputs.SHIPPED_WITH_FIGURES == TEACHING and "21_flatness" in TEACHING
+    assert [p.stem for p in teaching_notebooks()] == list(TOY_COURSE) == sorted(
+        p.stem for p in NOTEBOOK_DIR.glob("0[0-9]_*.ipynb"))

@@ -25,13 +25,12 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from flnotes.repro.notebooks import quiet_kernel_manager
+from flnotes.repro.notebooks import TEACHING, quiet_kernel_manager
 
 MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
 # The notebooks a reader should see whole without running them (stored with their figures).
-SHIPPED_WITH_FIGURES = ("00_quickstart", "01_flat_vs_sharp", "02_client_landscapes",
-                        "03_mutation_regions", "04_toy_race", "21_flatness")
+SHIPPED_WITH_FIGURES = TEACHING
 # Stored whole as well: the reproduction notebooks' default runs and the stored-results ones.
 STORED_WHOLE = SHIPPED_WITH_FIGURES + ("10_reproduce_cifar", "11_reproduce_shakespeare",
                                        "12_reproduce_fml", "20_tables_vs_paper",
