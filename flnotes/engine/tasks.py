@@ -193,29 +193,15 @@ def build_task(config) -> Task:
     config = config.resolved()
     if config.dataset in TASK_BUILDERS:  # a dataset that builds its whole task (the toy)
         return TASK_BUILDERS[config.dataset](config)
-
-
     data = load_task_data(config)
     if isinstance(data, MultitaskData):
         # Each task's rows split among its own clients (client i holds task i mod T).
-        if config.partition_manifest and Path(config.partition_manifest).exists():
-            parts = load_manifest(config.partition_manifest, data.train_y)
-            if len(parts) != config.num_clients:
-                raise ValueError(
-                    f"manifest {config.partition_manifest} has {len(parts)} clients but "
-                    f"num_clients={config.num_clients}")
-            check_task_parts(data, parts)
-        else:
-            parts = multitask_partition(
-                data, config.num_clients, config.seed,
-                lambda labels, n, seed: make_partition(
-                    labels, n, config.partition, seed=seed,
-                    dirichlet_alpha=config.dirichlet_alpha,
-                    shards_per_client=config.shards_per_client,
-                    min_size=config.min_client_size))
-            if config.partition_manifest:
-                save_manifest(config.partition_manifest, parts, data.train_y,
-                              meta={"config": config.to_dict()})
+        parts = _manifest_or(config, data, lambda: multitask_partition(
+            data, config.num_clients, config.seed,
+            lambda labels, n, seed: make_partition(
+                labels, n, config.partition, seed=seed, dirichlet_alpha=config.dirichlet_alpha,
+                shards_per_client=config.shards_per_client, min_size=config.min_client_size)),
+            check=check_task_parts)
     elif config.partition == "natural":
         parts = getattr(data, "client_indices", None)
         if parts is None:
@@ -232,32 +218,45 @@ def build_task(config) -> Task:
         natural_tests = getattr(data, "client_test_indices", None)
         if natural_tests:
             return _natural_task(config, data, parts, list(natural_tests)[: config.num_clients])
-    elif config.partition_manifest and Path(config.partition_manifest).exists():
-        parts = load_manifest(config.partition_manifest, data.train_y)
-        if len(parts) != config.num_clients:
-            raise ValueError(
-                f"manifest {config.partition_manifest} has {len(parts)} clients but "
-                f"num_clients={config.num_clients}"
-            )
     else:
-        # A dataset with its own client split (LEAF) may hold rows that no client trains on:
-        # the test windows inside the role texts, rows left out by max_roles / max_samples.
-        # Re-splitting it (iid, dirichlet) draws from its clients' training rows only.
-        pool = getattr(data, "client_indices", None)
-        pool = torch.cat(list(pool)) if pool else None
-        parts = make_partition(
-            data.train_y if pool is None else data.train_y[pool], config.num_clients,
-            config.partition, seed=config.seed, dirichlet_alpha=config.dirichlet_alpha,
-            shards_per_client=config.shards_per_client, min_size=config.min_client_size,
-        )
-        if pool is not None:
-            parts = [pool[p] for p in parts]
-        if config.partition_manifest:
-            save_manifest(config.partition_manifest, parts, data.train_y,
-                          meta={"config": config.to_dict()})
+        parts = _manifest_or(config, data, lambda: _split(config, data))
 
     train_parts, test_parts = split_clients(parts, config.client_test_fraction, config.seed)
     return _make_task(config, data, train_parts, data.test_x, data.test_y, test_parts, "train")
+
+
+def _split(config, data) -> list[torch.Tensor]:
+    """The clients' rows by config.partition. A dataset with its own client split (LEAF) may
+    hold rows that no client trains on (the test windows inside the role texts, rows left
+    out by max_roles / max_samples): re-splitting it (iid, dirichlet) draws from its
+    clients' training rows only."""
+    pool = getattr(data, "client_indices", None)
+    pool = torch.cat(list(pool)) if pool else None
+    parts = make_partition(
+        data.train_y if pool is None else data.train_y[pool], config.num_clients,
+        config.partition, seed=config.seed, dirichlet_alpha=config.dirichlet_alpha,
+        shards_per_client=config.shards_per_client, min_size=config.min_client_size,
+    )
+    return parts if pool is None else [pool[p] for p in parts]
+
+
+def _manifest_or(config, data, make, check=None) -> list[torch.Tensor]:
+    """The clients' rows from config.partition_manifest when that file exists (checked
+    against num_clients, and by ``check(data, parts)``); else ``make()``'s, saved there when
+    a manifest is named, for the next run to read."""
+    path = config.partition_manifest
+    if path and Path(path).exists():
+        parts = load_manifest(path, data.train_y)
+        if len(parts) != config.num_clients:
+            raise ValueError(f"manifest {path} has {len(parts)} clients but "
+                             f"num_clients={config.num_clients}")
+        if check is not None:
+            check(data, parts)
+        return parts
+    parts = make()
+    if path:
+        save_manifest(path, parts, data.train_y, meta={"config": config.to_dict()})
+    return parts
 
 
 def load_task_data(config):
