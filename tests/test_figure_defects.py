@@ -296,3 +296,24 @@ def test_notebook_03_says_its_flat_and_sharp_labels_are_places_not_curvature():
     for words in ("within the flat basin's radius", "within the sharp radius", "`sharpness`",
                   "Hessian", "FedMR's end point"):
         assert words in before, words
+
+
+def test_notebook_22_indexes_every_paper_figure_where_it_is_drawn():
+    """22's index names, for each concept figure, a notebook that does draw it (its text
+    names the figure), and lists every registered learning-curve figure."""
+    from flnotes.repro import figures
+
+    (index,) = ["".join(c["source"]) for c in _notebook("22_paper_figures")
+                if "".join(c["source"]).startswith("## Where every paper figure is drawn")]
+    rows = [line.split(" | ") for line in index.splitlines()
+            if line.startswith("| ") and "`" in line.split(" | ")[-1]]
+    for figure, _, where in rows:
+        figure, notebook = figure.strip("| "), where.strip(" |`")
+        text = " ".join("".join(c["source"]) for c in _notebook(notebook))
+        paper, _, numbers = figure.partition(" Fig")
+        first = re.search(r"\d+", numbers).group(0)
+        assert re.search(rf"{paper}(?:'s)? Fig\w*\.? ?{first}\b", text), (figure, notebook)
+    below = next(line for line in index.splitlines() if "below, one section" in line)
+    for figure in figures.FIGURES.values():
+        paper = figure.paper.split()[0]
+        assert paper in below, figure.name
