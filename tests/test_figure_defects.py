@@ -317,3 +317,21 @@ def test_notebook_22_indexes_every_paper_figure_where_it_is_drawn():
     for figure in figures.FIGURES.values():
         paper = figure.paper.split()[0]
         assert paper in below, figure.name
+
+
+def test_notebook_04s_animation_text_is_the_races_numbers_and_its_seed_as_said():
+    """The text beside the GIF says how often each method ended flat over the race's 100
+    seeds, and why seed 6: both from the shipped race the table shows."""
+    from flnotes.toy import shipped
+
+    cells = _notebook("04_toy_race")
+    (text,) = ["".join(c["source"]) for c in cells
+               if "".join(c["source"]).startswith("## One seed, round by round")]
+    rows = {e["algorithm"]: e["rows"] for e in shipped.entries()}
+    flat = {a: int(sum(r["accuracy"] for r in rows[a])) for a in ("fedavg", "fedmut", "fedqp")}
+    assert (f"FedAvg ended flat in {flat['fedavg']}, FedMut in {flat['fedmut']} and\n"
+            f"FedQP in {flat['fedqp']}") in text
+    seed = 6
+    assert "Seed 6 was picked" in text
+    assert (rows["fedavg"][seed]["accuracy"], rows["fedmut"][seed]["accuracy"],
+            rows["fedqp"][seed]["accuracy"]) == (0.0, 1.0, 1.0)

@@ -514,3 +514,22 @@ def test_a_race_at_the_shipped_setting_runs_nothing_and_another_setting_runs(mon
     toy.race(["fedavg"], seeds=2, **{**shipped.DEFAULT, "lr": 0.2})
     assert ran == [["fedavg"]]
     toy.forget_races()
+
+
+def test_the_path_animation_draws_each_round_of_each_method():
+    """notebook 04's GIF: a frame per round, the picture changing as the lines grow."""
+    import io
+
+    from PIL import Image
+
+    from flnotes.toy import landscapes, plots
+
+    fed = landscapes.make_federation("fedmut-fig1", num_clients=2)
+    paths = {name: toy.run_toy(name, rounds=4, seed=0)[1]["global"]
+             for name in ("fedavg", "fedmut")}
+    assert all(len(p) == 5 for p in paths.values())  # round 0 and 4 rounds
+    gif = Image.open(io.BytesIO(plots.animate_paths(fed.global_loss, paths, federation=fed)))
+    assert gif.format == "GIF" and gif.n_frames >= 5  # rounds 0-4 (equal frames may merge)
+    first = gif.convert("RGB").tobytes()
+    gif.seek(gif.n_frames - 1)
+    assert gif.convert("RGB").tobytes() != first  # the lines moved

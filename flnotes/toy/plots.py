@@ -6,9 +6,12 @@ Figure (no display, no saved files).
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
 
 from flnotes.plots import line_style, plain_symlog_ticks
@@ -849,3 +852,43 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
     fig.tight_layout()
     return fig
 
+
+
+def animate_paths(fn, paths: Mapping, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
+                  fps: float = 4.0, dpi: int = 90) -> bytes:
+    """An animated GIF of global models moving over the loss ``fn`` round by round: one line
+    per method (``paths``: label -> (R+1, 2) points, round 0 first), growing a round a frame,
+    with the basins outlined. GIF, so that a stored notebook plays it without a kernel (in
+    JupyterLab, on GitHub) and a slide can show it. Returns the file's bytes (written
+    through a temporary file: Pillow's writer saves to a path)."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.4), dpi=dpi)
+    draw_landscape(ax, fn, xlim, ylim, num=81)
+    if federation is not None:
+        mark_basins(ax, federation)
+    rounds = max(len(p) for p in paths.values()) - 1
+    lines = {}
+    for k, label in enumerate(paths):
+        style = line_style(k)
+        (lines[label],) = ax.plot([], [], lw=1.8, ms=5, label=label, color=style["color"],
+                                  linestyle=style["linestyle"], marker=style["marker"],
+                                  markevery=[-1])
+    ax.legend(loc="upper right", fontsize=7)
+    title = ax.set_title("")
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+
+    def frame(r: int):
+        for label, points in paths.items():
+            shown = points[: min(r, len(points) - 1) + 1]
+            lines[label].set_data(shown[:, 0].tolist(), shown[:, 1].tolist())
+        title.set_text(f"global model after round {r} of {rounds}")
+        return [*lines.values(), title]
+
+    # the last picture held a little longer: four repeats of the final frame
+    movie = FuncAnimation(fig, frame, frames=[*range(rounds + 1), *[rounds] * 4], blit=False)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "paths.gif"
+        movie.save(path, writer=PillowWriter(fps=fps))
+        data = path.read_bytes()
+    plt.close(fig)
+    return data
