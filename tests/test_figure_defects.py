@@ -335,3 +335,14 @@ def test_notebook_04s_animation_text_is_the_races_numbers_and_its_seed_as_said()
     assert "Seed 6 was picked" in text
     assert (rows["fedavg"][seed]["accuracy"], rows["fedmut"][seed]["accuracy"],
             rows["fedqp"][seed]["accuracy"]) == (0.0, 1.0, 1.0)
+
+
+def test_notebook_04_is_stored_with_its_animation_playing_without_a_kernel():
+    import base64
+    import io
+
+    from PIL import Image
+
+    (cell,) = [c for c in _notebook("04_toy_race") if "animate_paths(" in "".join(c["source"])]
+    (gif,) = [o["data"]["image/gif"] for o in cell["outputs"] if "image/gif" in o.get("data", {})]
+    assert Image.open(io.BytesIO(base64.b64decode(gif))).n_frames > 10
