@@ -44,7 +44,7 @@ STUDIES = {
                                "25-57 s a round on one loaded thread, 40 rounds a run"),
     # CIFAR-10 from $FLNOTES_DATA, so that Fashion-MNIST may come from Debian's copy
     "fedup": Study("benchmarks/fedup_evidence.yaml", "fedup.md",
-                   "1-2 s a round on one loaded thread, 150-200 rounds a run",
+                   "2-4 s a round on one loaded thread, 150-200 rounds a run",
                    data="", env="FLNOTES_DATA=DATA "),
 }
 # the page's sections a notebook shows under the curves
