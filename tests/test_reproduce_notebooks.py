@@ -278,3 +278,20 @@ def test_a_reproduction_notebook_opens_on_its_committed_study(notebook, study):
     outputs = cell["outputs"]
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{notebook}: no stored figure"
     assert any("text/markdown" in o.get("data", {}) for o in outputs), f"{notebook}: no reading"
+
+
+def test_notebook_20_reads_each_claim_by_the_reading_rule(tmp_path, monkeypatch, capsys):
+    """The committed studies' runs, read by tables.readings: one line per method beside a
+    FedAvg run of its setting (FedMut at IID has none here: no line)."""
+    root = tmp_path / "results" / "a-study"
+    study_run(root, "dir=0.1_FedAvg_seed0", "fedavg", "FedAvg", "dir=0.1")
+    study_run(root, "iid_FedMut_seed0", "fedmut", "FedMut", "iid")
+    study_run(root, "dir=0.1_FedMR_seed0", "fedmr", "FedMR", "dir=0.1")
+    monkeypatch.setattr(evidence, "STUDIES", {"a-study": evidence.STUDIES["cifar10-lenet"]})
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    exec(notebook_20_code(*NOTEBOOK_20_TABLES, "tables.readings("), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == ("CIFAR-10, CNN, dir=0.1: FedMR > FedAvg cannot tell (late difference "
+                         "per seed: +0.00)")
+    assert not any("FedMut >" in line for line in lines)
