@@ -295,3 +295,18 @@ def test_notebook_20_reads_each_claim_by_the_reading_rule(tmp_path, monkeypatch,
     assert lines[-1] == ("CIFAR-10, CNN, dir=0.1: FedMR > FedAvg cannot tell (late difference "
                          "per seed: +0.00)")
     assert not any("FedMut >" in line for line in lines)
+
+
+@pytest.mark.parametrize("name, study", [("10_reproduce_cifar", "cifar10-lenet"),
+                                         ("11_reproduce_shakespeare", "shakespeare-plays"),
+                                         ("12_reproduce_fml", "fml-cifar10")])
+def test_the_reproduction_notebooks_are_stored_ending_on_their_studys_verdicts(name, study):
+    """Each ends on evidence.answer: stored with the verdict lines it printed (the cells that
+    run the methods make output_dir a folder, so the answer cell must not read it)."""
+    cells = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
+    (answer,) = [c for c in cells if c["cell_type"] == "code"
+                 and "evidence.answer(" in "".join(c["source"])
+                 and study in "".join(c["source"])]
+    printed = "".join("".join(o.get("text", "")) for o in answer["outputs"])
+    assert " > FedAvg " in printed and ("holds" in printed or "cannot tell" in printed
+                                        or "does not hold" in printed), printed
