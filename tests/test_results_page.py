@@ -10,6 +10,7 @@ import pytest
 
 from flnotes.cli.main import main as cli_main
 from flnotes.repro import results_page
+from flnotes.repro.evidence import STUDIES as STUDY_NAMES
 from flnotes.repro.figures import load_runs
 
 ROUNDS = 200
@@ -165,7 +166,7 @@ def test_empty_folder_is_a_one_line_error(tmp_path, capsys):
     assert "no run folders" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("study", ["cifar10-lenet", "fml-cifar10", "shakespeare-plays"])
+@pytest.mark.parametrize("study", list(STUDY_NAMES))
 def test_the_committed_results_page_is_what_the_command_makes(tmp_path, monkeypatch, study):
     """Each committed study's page (results/README.md for cifar10-lenet, results/<study>.md
     for the others: flnotes.repro.evidence.STUDIES) is generated, never typed: regenerating it
