@@ -294,7 +294,8 @@ def test_a_notebook_shows_the_pages_reading_or_says_in_one_line_where_it_is(
     # a notebook's inline backend stays: switching to Agg would hide every later figure
     monkeypatch.setattr(matplotlib, "use", lambda *a, **k: pytest.fail("backend switched"))
     assert evidence.show("evidence") is not None
-    assert capsys.readouterr().out.startswith("12 runs under results/evidence (11 completed")
+    assert capsys.readouterr().out.startswith(
+        "12 runs under results/evidence (11 completed, 1 running; a run not completed is drawn")
     monkeypatch.chdir(tmp_path_factory.mktemp("no-results"))  # no results/ above it
     assert evidence.show("evidence") is None
     (line,) = capsys.readouterr().out.strip().splitlines()

@@ -98,9 +98,13 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
         print(missing_line(name))
         return None
     runs, groups, text = loaded
-    done = sum(run.status == "completed" for run in runs)
-    print(f"{len(runs)} runs under results/{name} ({done} completed; a run still going is "
-          "drawn to its last evaluation)")
+    statuses: dict[str, int] = {}
+    for run in runs:
+        statuses[run.status] = statuses.get(run.status, 0) + 1
+    counted = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    late = "" if set(statuses) == {"completed"} else \
+        "; a run not completed is drawn to its last evaluation"
+    print(f"{len(runs)} runs under results/{name} ({counted}{late})")
     fig = results_page.curves_figure(groups)
     plt.show()
     display(Markdown(sections(text, wanted)))
