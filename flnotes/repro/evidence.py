@@ -106,7 +106,11 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
         "; a run not completed is drawn to its last evaluation"
     print(f"{len(runs)} runs under results/{name} ({counted}{late})")
     fig = results_page.curves_figure(groups)
-    plt.show()
+    # displayed as the figure itself, then closed: plt.show() shows nothing where a caller
+    # switched pyplot to Agg (notebook 22's figure code does), and an open figure would be
+    # drawn a second time at the cell's end under the inline backend
+    display(fig)
+    plt.close(fig)
     display(Markdown(sections(text, wanted)))
     return fig
 
