@@ -12,6 +12,7 @@ that makes the runs.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,8 +91,9 @@ def load(name: str, folder: Path | None = None):
 def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIONS):
     """Display a study's curves and reading in a notebook (IPython's display); return the
     figure, or None with the one-line message printed when there are no runs to read."""
+    # (imported here: only a notebook needs pyplot and IPython; the pages and tables do not)
     import matplotlib.pyplot as plt
-    from IPython.display import Markdown, display
+    from IPython.display import Image, Markdown, display
 
     loaded = load(name, folder)
     if loaded is None:
@@ -106,11 +108,13 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
         "; a run not completed is drawn to its last evaluation"
     print(f"{len(runs)} runs under results/{name} ({counted}{late})")
     fig = results_page.curves_figure(groups)
-    # displayed as the figure itself, then closed: plt.show() shows nothing where a caller
-    # switched pyplot to Agg (notebook 22's figure code does), and an open figure would be
-    # drawn a second time at the cell's end under the inline backend
-    display(fig)
+    # shown as a PNG made here, then closed: where a caller switched pyplot to Agg (notebook
+    # 22's figure code does) neither plt.show() nor display(fig) shows anything, and an open
+    # figure would be drawn a second time at the cell's end under the inline backend
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
+    display(Image(buffer.getvalue()))
     display(Markdown(sections(text, wanted)))
     return fig
 
