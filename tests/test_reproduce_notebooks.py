@@ -274,7 +274,7 @@ def test_a_reproduction_notebook_opens_on_its_committed_study(notebook, study):
     shows = [i for i, c in enumerate(code) if f'evidence.show("{study}")' in "".join(c["source"])]
     assert shows == [first + 1], (notebook, shows, first)
     cell = code[shows[0]]
-    assert "if output_dir is None:" in "".join(cell["source"])
+    assert "in_a_sweep = output_dir is not None\nif not in_a_sweep:" in "".join(cell["source"])
     outputs = cell["outputs"]
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{notebook}: no stored figure"
     assert any("text/markdown" in o.get("data", {}) for o in outputs), f"{notebook}: no reading"

@@ -1,4 +1,4 @@
-"""The method schematics (flnotes/schematics.py): FedMR's recombination is drawn from the
+"""The method schematics (flnotes/toy/schematics.py): FedMR's recombination is drawn from the
 method's own permutations, FML's diagram says which model learns from which."""
 
 import matplotlib
@@ -9,10 +9,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from flnotes import schematics  # noqa: E402
 from flnotes.algorithms.fedmr import recombination_sources  # noqa: E402
 from flnotes.plots import PALETTE  # noqa: E402
 from flnotes.rng import torch_generator  # noqa: E402
+from flnotes.toy import schematics  # noqa: E402
 
 
 def _blocks(ax) -> dict[tuple[int, int], tuple[str, str]]:

@@ -470,8 +470,9 @@ def test_the_shipped_race_covers_every_method_at_notebook_04s_setting():
     from flnotes.toy import shipped
 
     entries = {e["algorithm"]: e for e in shipped.entries()}
-    assert sorted(entries) == sorted(algorithm_names()), \
-        "run python -m flnotes.toy.shipped (a method was added or renamed)"
+    assert sorted(entries) == sorted(algorithm_names()), (
+        "a method was added or renamed: run python flnotes/notebooks/refresh_outputs.py "
+        "--ship-toy-race")
     for name, entry in entries.items():
         assert entry["class"] == shipped.class_path(algorithm_class(name))
         assert entry["overrides"] == shipped.DEFAULT and entry["stack"] is True
@@ -482,7 +483,8 @@ def test_the_shipped_race_covers_every_method_at_notebook_04s_setting():
 @pytest.mark.parametrize("algorithm", algorithm_names())
 def test_the_shipped_race_is_what_the_methods_do_now(algorithm):
     """Every method's first seeds run again, fresh: the shipped rows are theirs to float
-    tolerance. A change that moves a toy run fails here: python -m flnotes.toy.shipped."""
+    tolerance. A change that moves a toy run fails here: run
+    python flnotes/notebooks/refresh_outputs.py --ship-toy-race."""
     from flnotes.toy import shipped
 
     (entry,) = [e for e in shipped.entries() if e["algorithm"] == algorithm]

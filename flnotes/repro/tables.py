@@ -102,9 +102,10 @@ def _is_finite_number(value) -> bool:
         and bool(np.isfinite(value))
 
 
-def read_metric_rows(path: Path, running: bool = False) -> list[dict]:
+def read_metric_rows(path: Path, running: bool = False, warn: bool = True) -> list[dict]:
     """metrics.jsonl's readable rows; one warning naming the file and the line numbers of the
-    rows left out (not JSON, not a round's row, an accuracy that is null, text or not finite).
+    rows left out (not JSON, not a round's row, an accuracy that is null, text or not finite),
+    unless ``warn`` is False (a second reading of a file whose warning was printed already).
 
     With ``running``, a half-written last line (a run writing it now) is left out quietly.
     ValueError only when the file itself cannot be read.
@@ -133,7 +134,7 @@ def read_metric_rows(path: Path, running: bool = False) -> list[dict]:
                 f"{key} {json.dumps(row[key], default=str)}" for key in wrong) + ")")
             continue
         rows.append(row)
-    if bad:
+    if bad and warn:
         print(f"warning: {path}: skipped {len(bad)} unreadable metrics "
               f"row{'s' if len(bad) != 1 else ''}: {', '.join(bad)}", file=sys.stderr)
     return rows
@@ -420,8 +421,9 @@ def readings(runs: pd.DataFrame) -> list[str]:
     curves: dict[tuple, dict[str, dict[int, tuple]]] = {}
     stops: dict[tuple, dict[str, dict[int, int]]] = {}  # setting -> method -> diverged seeds
     for _, run in runs.iterrows():
+        # (collect_runs read these files already and warned of any unreadable row)
         rows = read_metric_rows(Path(run["run_dir"]) / "metrics.jsonl",
-                                running=run["status"] == "running")
+                                running=run["status"] == "running", warn=False)
         points = [(r["round"], 100 * r["accuracy"]) for r in rows if "accuracy" in r]
         setting, method = tuple(str(run[k]) for k in KEY[:3]), str(run["method"])
         if run["status"] == "diverged":

@@ -400,6 +400,22 @@ def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
         return _kept_rows(_race_key(algorithm, seeds, stack, overrides)) is not None
 
 
+def ship_default_race(path=shipped.PATH, seeds: int = shipped.SEEDS, processes: int = 1):
+    """Run notebook 04's default race of every method from scratch and write it where
+    :func:`race` reads it (flnotes.toy.shipped); returns the file's path."""
+    from flnotes.algorithms import algorithm_class, algorithm_names
+
+    forget_races()
+    races = []
+    for algorithm in algorithm_names():
+        rows = race([algorithm], seeds=seeds, processes=processes, **shipped.DEFAULT)
+        races.append({"algorithm": algorithm, "rows": rows, "stack": True,
+                      "class": shipped.class_path(algorithm_class(algorithm)),
+                      "overrides": shipped.DEFAULT, "seeds": list(range(seeds))})
+        print(f"{algorithm}: {len(rows)} runs", flush=True)
+    return shipped.write(races, path)
+
+
 def forget_races() -> None:
     """Drop the rows :func:`race` keeps (benchmarks measure first visits)."""
     with _RACING:

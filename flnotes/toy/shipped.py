@@ -13,7 +13,10 @@ The rows are checked against fresh runs (tests/test_toy.py: every method's first
 again and compared to float tolerance), so a change to a method or to the engine that moves
 a toy run fails that test until the file is made again:
 
-    python -m flnotes.toy.shipped        # about 4 CPU-minutes on one thread
+    python flnotes/notebooks/refresh_outputs.py --ship-toy-race   # ~4 CPU-minutes
+
+(the race itself runs in :func:`flnotes.toy.experiments.ship_default_race`; this module only
+reads and writes the file, so the two do not import each other).
 """
 
 from __future__ import annotations
@@ -46,26 +49,12 @@ def entries(path: Path = PATH) -> list[dict]:
     return data.get("races", []) if isinstance(data, dict) else []
 
 
-def write(path: Path = PATH, seeds: int = SEEDS, processes: int = 1) -> Path:
-    """Run the default race of every method from scratch and write it to ``path``."""
-    from flnotes.algorithms import algorithm_class, algorithm_names
-    from flnotes.toy import experiments
-
-    experiments.forget_races()
-    races = []
-    for algorithm in algorithm_names():
-        rows = experiments.race([algorithm], seeds=seeds, processes=processes, **DEFAULT)
-        races.append({"algorithm": algorithm, "class": class_path(algorithm_class(algorithm)),
-                      "overrides": DEFAULT, "seeds": list(range(seeds)), "stack": True,
-                      "rows": rows})
-        print(f"{algorithm}: {len(rows)} runs")
+def write(races: list[dict], path: Path = PATH) -> Path:
+    """Write ``races`` (the entries :func:`entries` reads) to ``path``, whole or not at all;
+    the same rows give the same bytes."""
     text = json.dumps({"races": races}, sort_keys=True)
     tmp = path.with_suffix(".tmp")
     with gzip.GzipFile(tmp, "wb", mtime=0) as f:  # mtime 0: the same rows, the same bytes
         f.write(text.encode())
     tmp.replace(path)
     return path
-
-
-if __name__ == "__main__":
-    print(f"wrote {write()}")
