@@ -40,9 +40,8 @@ from flnotes.repro import REPO_ROOT
 from flnotes.repro.figures import Run, load_runs, mean_band
 from flnotes.repro.paper_tables import load_paper_table
 from flnotes.repro.reading import Reading, diverged_note, read
-from flnotes.repro.tables import sample_std
+from flnotes.repro.tables import BASELINE, sample_std
 
-BASELINE = "FedAvg"
 # a seed method -> its own paper's table, whose difference to FedAvg sits beside ours; any
 # other method (a baseline) is read against the table its grid lands on (cell.json)
 PAPER_OF = {"FedMut": "fedmut_table1", "FedQP": "fedqp_tableI", "FedMR": "fedmr_table1",
