@@ -143,11 +143,11 @@ def test_a_grid_runs_the_baselines_as_the_seed_code_ran_them_by_one_option():
     paper = {c.id: c for c in load_grid(grid).cells}
     seed = {c.id: c for c in load_grid(grid, overrides={"baselines": "seed-code"}).cells}
     fedgen = [c for c in seed.values() if c.parameters.get("algorithms") == "fedgen"]
-    assert fedgen and all(c.parameters["extra"]["fedgen_teacher_weighting"] == "mean-product"
+    assert fedgen and all(c.parameters["config"]["fedgen_teacher_weighting"] == "mean-product"
                           for c in fedgen)
     assert all(c.id not in paper for c in fedgen)  # another reading: other cells
     assert {k: v for k, v in seed_code_baselines().items() if k.startswith("fedgen")} == {
-        k: v for k, v in fedgen[0].parameters["extra"].items() if k.startswith("fedgen")}
+        k: v for k, v in fedgen[0].parameters["config"].items() if k.startswith("fedgen")}
     fedavg = [i for i, c in seed.items() if c.parameters.get("algorithms") == "fedavg"]
     assert fedavg and all(i in paper for i in fedavg)  # FedAvg has one reading: same cells
     with pytest.raises(GridError, match="baselines"):

@@ -230,7 +230,7 @@ def test_notebook_parameters_that_are_method_settings_have_their_declared_type()
                 continue
             setting = next(iter(declared.values()))
             expected = words[setting.kind]
-            assert info["inferred_type_name"] in (expected, f"Optional[{expected}]") or (
-                setting.name == "personal_models"), (name, parameter, info)
+            assert info["inferred_type_name"] in (expected, f"Optional[{expected}]"), (
+                name, parameter, info)
             checked += 1
-    assert checked >= 8
+    assert checked >= 2  # FML's a and b in notebook 12; any other goes in `config`

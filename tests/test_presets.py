@@ -246,33 +246,3 @@ def test_every_preset_a_sweep_grid_names_exists():
                                            "fedup-paper-shakespeare"}
     # the helper finds a preset however deep it sits
     assert _presets_named({"a": [{"b": {"preset": "x"}}], "preset": "y"}) == {"x", "y"}
-
-
-def test_a_notebooks_parameters_from_a_preset_follow_the_rule_it_prints():
-    """Issue 24: ``-p preset NAME`` in notebooks 10-12 (flnotes.config.presets)."""
-    from flnotes.config import RunConfig
-    from flnotes.config.notebook_presets import PresetError, notebook_parameters
-    from flnotes.config.presets import preset_values
-
-    cell = {"dataset": "synthetic", "rounds": 6, "lr": 0.1, "batch_size": 50,
-            "partition": "dirichlet", "threads": None, "algorithms": ["fedavg"],
-            "personal_models": ["mlp"], "preset": None}
-    current = {**cell, "lr": 0.03, "preset": "fml-paper"}  # lr set by papermill
-    updates, extra, lines = notebook_parameters("fml-paper", current, cell,
-                                                keep=("partition",))
-    paper = preset_values("fml-paper")
-    assert "lr" not in updates and lines[-1].startswith("set as parameters, over the preset")
-    assert updates["rounds"] == paper["rounds"] and updates["dataset"] == paper["dataset"]
-    assert "partition" not in updates and "threads" not in updates  # kept; None: the cell's
-    assert "algorithm" not in extra and set(extra) == set(paper) - set(cell) - {"algorithm"}
-    # a field the preset does not set takes RunConfig's default, not the cell's smoke value
-    unset = {**cell, "weight_decay": 0.5}
-    updates, _, _ = notebook_parameters("demo", dict(unset), unset)
-    assert updates["weight_decay"] == RunConfig.__dataclass_fields__["weight_decay"].default
-    assert notebook_parameters(None, current, cell)[:2] == ({}, {})
-    six = notebook_parameters("fml-fig6", dict(cell), cell)[0]  # a comma list for a list
-    assert six["personal_models"] == preset_values("fml-fig6")["personal_models"].split(",")
-    with pytest.raises(PresetError, match="did you mean 'fml-paper'"):
-        notebook_parameters("fml-papr", current, cell)
-    with pytest.raises(PresetError, match="is for cifar10; this notebook trains shakespeare"):
-        notebook_parameters("fedmut-paper", current, cell, dataset="shakespeare")

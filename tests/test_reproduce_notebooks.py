@@ -75,7 +75,7 @@ def test_preset_sets_the_config_and_explicit_parameters_override_it(demo_run):
     assert config["data_options"] == SMALL["data_options"]
     text = printed(first)
     assert "from preset demo: " in text and "lr=0.05" in text
-    assert "set as parameters, over the preset: " in text and "rounds=1" in text
+    assert "set as parameters: " in text and "rounds=1" in text
 
 
 def test_default_folder_is_under_runs_and_tables_find_it(demo_run):
@@ -102,7 +102,7 @@ def test_a_wrong_preset_name_is_one_line(tmp_path):
               if o.get("output_type") == "error"]
     assert len(errors) == 1
     (line,) = errors[0]["traceback"]  # one line, no traceback
-    assert line == f"PresetError: {errors[0]['evalue']}"
+    assert line == f"SettingsError: {errors[0]['evalue']}"
     assert "unknown preset 'fedmut-papr'" in line and "'fedmut-paper'" in line
     assert "python -m flnotes presets" in line
     assert not (tmp_path / "runs").exists()  # it stopped before any run

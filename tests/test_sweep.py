@@ -96,7 +96,7 @@ def test_reproduction_notebook_takes_injected_parameters(tmp_path):
     out = tmp_path / "cell"
     params = {"algorithms": "fedavg", "rounds": 1, "num_clients": 4, "clients_per_round": 2,
               "lr": 0.07, "data_options": {"num_train": 400, "num_test": 100},
-              "extra": {"eval_every": 1, "weighting": "uniform"}, "seeds": [0]}
+              "config": {"eval_every": 1, "weighting": "uniform"}, "seeds": [0]}
     record = sweep.run_cell(str(REPO / "notebooks" / "10_reproduce_cifar.ipynb"),
                             {"id": "c", "parameters": params, "labels": {}, "seed": 0},
                             str(out), {})

@@ -17,9 +17,15 @@ A grid file::
                                      #   runs stacked into one batched run (flnotes.engine.seeds)
     smoke: {fixed: {...}, grid: {...}, seeds: [0]}   # --smoke: overrides for a CPU check
 
+Every other key is a RunConfig field by its name (any method's setting too: ``fedup_alpha:
+0.03``), or one of the notebook's own parameters (``algorithms``, ``seeds``). A field the
+notebook has a named parameter for is passed as that parameter; any other goes into the
+notebook's one ``config`` dict (``extra`` in notebooks written before it; ``extra:`` or
+``config:`` mappings in a grid are read as their keys, as grids wrote them before). A cell's
+id hashes its settings flattened, so which of them a notebook names does not change it.
 ``preset`` (in fixed or in a bundle) expands to that preset's RunConfig fields
-(``python -m flnotes presets NAME``) under everything set explicitly; fields the notebook has
-no parameter for go into its ``extra`` dict; the preset's ``algorithm`` is left to the grid.
+(``python -m flnotes presets NAME``) under everything set explicitly; the preset's
+``algorithm`` is left to the grid.
 ``baselines: seed-code`` (in the grid or ``--set baselines=seed-code``) runs every baseline
 as the seed papers' authors ran it (:func:`flnotes.config.presets.seed_code_baselines`, what
 the ``*-official`` presets set) over each cell's preset; ``paper`` (the default) keeps each
@@ -37,7 +43,7 @@ all before any kernel starts. flnotes.repro.sweep runs the cells.
 
 from __future__ import annotations
 
-import ast
+import ast  # the notebook defaults papermill reports, as literals
 import hashlib
 import itertools
 import json
@@ -63,6 +69,10 @@ GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seed
 SMOKE_KEYS = {"fixed", "grid", "seeds", "labels", "stack_seeds"}
 RESERVED = {"output_dir", "seeds", "seed"}  # set by the sweep itself
 PSEUDO = {"preset", "labels", "baselines"}  # grid keys that are not notebook parameters
+CATCH_ALL = ("config", "extra")  # a notebook's dict for any RunConfig field (extra: before)
+# Notebook parameters renamed since cells were run (old name -> new), for cell.json files
+# written before: notebook 12's list of Fig. 5 personal models is not RunConfig's field.
+RENAMED = {"personal_models": "fig5_personal_models"}
 BASELINE_READINGS = ("paper", "seed-code")  # the grid key baselines: whose reading to run
 LOCATION_PARAMETERS = {"data_dir", "threads", "device"}  # left out of a cell's id
 
@@ -277,60 +287,16 @@ def _notebook_defaults(notebook: Path) -> dict[str, Any]:
     return defaults
 
 
-def _runconfig_keywords(notebook: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
-    """How the notebook builds its RunConfig: field -> the parameter it passes (``lr=lr``)
-    and field -> a constant (``partition="natural"``); None if it calls no RunConfig(...)."""
-    import nbformat
-
-    book = nbformat.read(str(notebook), as_version=4)
-    names: dict[str, str] = {}
-    constants: dict[str, Any] = {}
-    found = False
-    for code in book.cells:
-        if code.cell_type != "code":
-            continue
-        try:
-            tree = ast.parse(code.source)
-        except SyntaxError:  # a cell with IPython magics
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            if called != "RunConfig":
-                continue
-            found = True
-            for keyword in node.keywords:
-                if keyword.arg is None:  # **extra
-                    continue
-                if isinstance(keyword.value, ast.Name):
-                    names[keyword.arg] = keyword.value.id
-                elif isinstance(keyword.value, ast.Constant):
-                    constants[keyword.arg] = keyword.value.value
-    return (names, constants) if found else None
-
-
-def _cell_configs(parameters: dict, defaults: dict, keywords, fields: set[str]
+def _cell_configs(parameters: dict, defaults: dict, fields: set[str]
                   ) -> tuple[list[dict], set[str]]:
-    """The RunConfig values each run of a cell would get (one per algorithm), and the fields
-    the notebook computes itself (None by default there, e.g. num_clients from the data)."""
-    params = {**defaults, **parameters}
-    if keywords is None:  # no RunConfig call to read: the parameters named like fields
-        values = {k: v for k, v in params.items() if k in fields}
-        extra = params.get("extra")
-        values.update({k: v for k, v in (extra if isinstance(extra, dict) else {}).items()
-                       if k in fields})
-    else:
-        names, constants = keywords
-        values = {field: params[name] for field, name in names.items() if name in params}
-        values.update(constants)
-        extra = params.get("extra")
-        values.update(extra if isinstance(extra, dict) else {})
+    """The RunConfig values each run of a cell would get (one per algorithm): its settings
+    over the notebook's defaults, by name; and the fields the notebook computes itself (None
+    by default there, e.g. num_clients from the data)."""
+    params = {**flat_settings(defaults), **flat_settings(parameters)}
+    values = {k: v for k, v in params.items() if k in fields}
     # None that is the notebook's own default: the notebook fills it in (num_clients = every
     # role of the data) or means "the method's default"; RunConfig's default stands for it
-    computed = {k for k, v in values.items() if v is None and k in defaults
-                and defaults[k] is None}
+    computed = {k for k, v in values.items() if v is None and defaults.get(k, 0) is None}
     for key in computed | {"seed", "seeds", "run_dir"}:
         values.pop(key, None)
     seeds = params.get("seeds")
@@ -353,11 +319,10 @@ def _config_problems(cells: list[Cell], notebook: Path, fixed: dict, axes: dict,
 
     fields = set(field_names())  # common fields and every method's settings
     defaults = _notebook_defaults(notebook)
-    keywords = _runconfig_keywords(notebook)
     checked: dict[str, str | None] = {}
     found: dict[tuple[str, str], list[str]] = {}
     for cell in cells:
-        configs, computed = _cell_configs(cell.parameters, defaults, keywords, fields)
+        configs, computed = _cell_configs(cell.parameters, defaults, fields)
         for values in configs:
             key = json.dumps(values, sort_keys=True, default=str)
             if key not in checked:
@@ -390,9 +355,7 @@ def _origin(message: str, cell: Cell, fixed: dict, axes: dict, overrides: dict) 
     wanted = {name, "algorithms"} if name == "algorithm" else {name}
 
     def sets(layer) -> bool:
-        extra = layer.get("extra") if isinstance(layer, dict) else None
-        return isinstance(layer, dict) and bool(
-            wanted & (set(layer) | set(extra if isinstance(extra, dict) else {})))
+        return isinstance(layer, dict) and bool(wanted & set(flat_settings(layer)))
 
     if sets(overrides):
         return "set by --set: "
@@ -427,7 +390,7 @@ def _name_problems(cell: Cell) -> list[str]:
     from flnotes.config import model_names
     from flnotes.data.registry import dataset_names
 
-    params = {**(cell.parameters.get("extra") or {}), **cell.parameters}
+    params = flat_settings(cell.parameters)
     problems = []
     for key, known in (("algorithm", algorithm_names), ("algorithms", algorithm_names),
                        ("dataset", dataset_names), ("model", model_names)):
@@ -470,21 +433,31 @@ def _axis_problems(axes: dict) -> list[str]:
 
 
 def _parameter_problems(notebook: Path, fixed: dict, axes: dict, overrides: dict) -> list[str]:
-    """Every parameter the grid sets must exist in the notebook's parameters cell."""
+    """Every key the grid sets must be a parameter of the notebook's parameters cell or, where
+    the notebook has a catch-all dict for them, a RunConfig field."""
+    from flnotes.config import field_names
+
     own = notebook_parameters(notebook)
-    known = own | PSEUDO
-    used = [(k, "fixed") for k in fixed] + [(k, "--set") for k in overrides]
-    for name, values in axes.items():
-        if isinstance(values, dict):
-            used += [(k, f"grid axis {name!r}") for bundle in values.values()
-                     if isinstance(bundle, dict) for k in bundle]
-        else:
-            used.append((name, "grid"))
+    # a notebook with a `config` dict takes RunConfig's fields by name; an older one's
+    # `extra` dict takes anything
+    fields = set(field_names()) if "config" in own else set()
+    known = own | PSEUDO | fields | set(CATCH_ALL)
+    used = []
+    for layer, where in [(fixed, "fixed"), (overrides, "--set")] + [
+            (bundle, f"grid axis {name!r}") for name, values in axes.items()
+            if isinstance(values, dict) for bundle in values.values()]:
+        if isinstance(layer, dict):
+            used += [(k, where) for k in (flat_settings(layer) if fields else layer)]
+    used += [(name, "grid") for name, values in axes.items() if not isinstance(values, dict)]
     problems = [f"parameter {k!r} (in {where}) is set by the sweep itself" for k, where in used
                 if k in RESERVED]
-    problems += [f"parameter {k!r} (in {where}) is not a parameter of {notebook.name}; its "
-                 f"parameters are {sorted(own - RESERVED)} (others go in 'extra')"
-                 for k, where in used if k not in known and k not in RESERVED]
+    for key, where in used:
+        if key not in known and key not in RESERVED:
+            hint = did_you_mean(key, sorted((own | fields) - RESERVED - set(CATCH_ALL)))
+            problems.append(f"{key!r} (in {where}) is neither a parameter of {notebook.name} "
+                            f"nor a RunConfig field{hint}" if fields else
+                            f"parameter {key!r} (in {where}) is not a parameter of "
+                            f"{notebook.name}; its parameters are {sorted(own - RESERVED)}{hint}")
     if "output_dir" not in known:
         problems.append(f"{notebook.name} has no 'output_dir' parameter to put run folders in")
     if not known & {"seeds", "seed"}:
@@ -523,18 +496,8 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
             layers = [fixed, *(bundle for _, _, bundle in combo), overrides or {}]
             params = resolve_parameters(layers, known)
             params[seed_parameter] = group if seed_parameter == "seeds" else group[0]
-            # Where the data lie (data_dir) and how many threads run a cell do not change its
-            # results: a sweep continued from another machine or clone keeps its cell ids.
-            # Nor do a preset's settings of methods the cell does not run (an *-official
-            # preset's seed-code FedGen settings in a FedAvg cell).
-            hashed = _read_by({k: v for k, v in params.items() if k not in LOCATION_PARAMETERS},
-                              params.get("algorithms", params.get("algorithm")))
-            if isinstance(hashed.get("extra"), dict):
-                hashed["extra"] = _read_by(hashed["extra"],
-                                           params.get("algorithms", params.get("algorithm")))
-                if not hashed["extra"]:  # nothing left: the same cell as one without extra
-                    del hashed["extra"]
-            digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode())
+            digest = hashlib.sha256(json.dumps(hashed_settings(params), sort_keys=True,
+                                               default=str).encode())
             name = "_".join(_slug(label) for _, label, _ in combo)
             seed_tag = "seed" + "+".join(map(str, group))
             cell_id = f"{name + '_' if name else ''}{seed_tag}-{digest.hexdigest()[:8]}"
@@ -543,7 +506,12 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
 
 
 def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dict[str, Any]:
-    """Notebook parameters of a cell: its preset's fields, then each layer in order on top."""
+    """Notebook parameters of a cell: its preset's fields, then each layer in order on top.
+
+    A key the notebook has a parameter for (``known``; None: every key) is passed as that
+    parameter, any other into its catch-all dict (``config``, or ``extra`` in a notebook
+    written before it); a layer's ``config:`` or ``extra:`` mapping counts as its keys.
+    """
     preset = next((layer["preset"] for layer in reversed(layers) if "preset" in layer), None)
     reading = next((layer["baselines"] for layer in reversed(layers) if "baselines" in layer),
                    BASELINE_READING.get(preset, "paper"))
@@ -551,8 +519,17 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
         raise ValueError(f"baselines: {reading!r} is not one of {list(BASELINE_READINGS)} "
                          "(paper: each baseline's own paper; seed-code: as the seed papers' "
                          "authors ran them)")
+    catch_all = next((name for name in CATCH_ALL if known is None or name in known), None)
     params: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+
+    def place(key: str, value: Any) -> None:
+        if known is None or key in known:
+            params[key] = value
+            rest.pop(key, None)
+        else:
+            rest[key] = value
+
     if preset is not None or reading == "seed-code":
         values = preset_values(preset) if preset is not None else {}
         if reading == "seed-code":  # over the preset's values, under everything set explicitly
@@ -563,23 +540,48 @@ def resolve_parameters(layers: list[dict], known: set[str] | None = None) -> dic
             values.update(seed_code_baselines(dataset, SEED_REPOSITORY.get(preset) or "FedMR"))
         values.pop("algorithm", None)  # the grid chooses the methods
         for key, value in values.items():
-            if known is None or key in known:
-                params[key] = value
-            else:
-                extra[key] = value
+            place(key, value)
     for layer in layers:
         for key, value in layer.items():
-            if key == "extra":
-                extra.update(value or {})
+            if key in CATCH_ALL and isinstance(value, dict):
+                for inner, inner_value in value.items():
+                    place(inner, inner_value)
             elif key not in PSEUDO:
-                params[key] = value
-                extra.pop(key, None)
-    if extra:
-        if known is not None and "extra" not in known:
-            raise ValueError(f"preset {preset!r} sets {sorted(extra)}, which the notebook has no "
-                             "parameter for (and it has no 'extra' parameter)")
-        params["extra"] = extra
+                place(key, value)
+    if rest:
+        if catch_all is None:
+            raise ValueError(f"{sorted(rest)} have no notebook parameter to go to (and the "
+                             "notebook has no 'config' parameter)")
+        params[catch_all] = rest
     return params
+
+
+def flat_settings(parameters: dict[str, Any], rename: bool = True) -> dict[str, Any]:
+    """A cell's parameters with its catch-all dict's keys at the top (and, with ``rename``,
+    notebook 12's old parameter names renamed): the same settings compare equal however a
+    notebook names them."""
+    flat = {k: v for k, v in parameters.items() if k not in CATCH_ALL}
+    for name in CATCH_ALL:
+        inner = parameters.get(name)
+        if isinstance(inner, dict):
+            flat.update({k: v for k, v in inner.items() if k not in flat})
+    for old, new in RENAMED.items() if rename else ():
+        if isinstance(flat.get(old), list) and new not in flat:  # the list, not RunConfig's text
+            flat[new] = flat.pop(old)
+    return flat
+
+
+def hashed_settings(parameters: dict[str, Any]) -> dict[str, Any]:
+    """What a cell's id hashes: its flat settings without where the data lie and the threads
+    (a sweep continued from another machine or clone keeps its ids), the sweep's own keys,
+    and the method settings none of its algorithms read (an *-official preset's seed-code
+    FedGen settings in a FedAvg cell would change an id and nothing a cell runs)."""
+    flat = flat_settings(parameters, rename=False)
+    algorithms = flat.get("algorithms", flat.get("algorithm"))
+    # renamed after: an old name that is also a method's setting went where that method ran
+    return flat_settings(_read_by({k: v for k, v in flat.items()
+                                   if k not in LOCATION_PARAMETERS and k != "output_dir"},
+                                  algorithms))
 
 
 def _read_by(values: dict[str, Any], algorithms) -> dict[str, Any]:

@@ -351,6 +351,10 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
         meta["logger_dir"] = str(Path(logger_dir or out).resolve())
         meta["logger_base"] = str(out)  # runs are named by their path below it
         prepare_store(loggers, meta["logger_dir"])  # before the workers share it
+    renamed = adopt_renamed(out, grid.cells)
+    if log:
+        for line in renamed:
+            _log_line(line)
     records, todo = {}, []
     for cell in cells:
         if not force and cell_status(out, cell) == "completed":
@@ -451,6 +455,35 @@ def _log_finished_cells(out: Path, cells: list[Cell], meta: dict, progress: bool
     if logged and progress:
         print(f"sweep: {logged} finished run(s) of earlier cells logged into "
               f"{meta['logger_dir']}", file=sys.stderr)
+
+
+def adopt_renamed(out: Path, cells: list[Cell], dry_run: bool = False) -> list[str]:
+    """Give the folder of a cell run under an earlier id scheme (before a cell's id hashed its
+    settings flattened) the id it has now: a folder with the same name before the hash, and
+    the same settings (flnotes.repro.grid.hashed_settings), that no cell of the grid has.
+    Returns one line per folder renamed, so a sweep continued after the change skips them
+    (``dry_run``: the folders that would be, none renamed)."""
+    ids = {c.id for c in cells}
+    lines = []
+    for cell in cells:
+        folder = out / "cells" / cell.id
+        if folder.exists():
+            continue
+        wanted = grid_file.hashed_settings(cell.parameters)
+        prefix = cell.id.rsplit("-", 1)[0]
+        for old in sorted((out / "cells").glob(f"{prefix}-*")):
+            record = _read_record(old / "cell.json")
+            if (old.name in ids or record is None or old.name.rsplit("-", 1)[0] != prefix
+                    or grid_file.hashed_settings(record.get("parameters") or {}) != wanted):
+                continue
+            if not dry_run:
+                old.rename(folder)
+                record.update(id=cell.id, renamed_from=old.name)
+                _write_json(folder / "cell.json", record)
+            lines.append(f"cell {old.name} is now {cell.id} (the same settings; ids hash "
+                         "settings flattened since)")
+            break
+    return lines
 
 
 def select_cells(grid: Grid, only: list[str] | None) -> list[Cell]:
@@ -712,6 +745,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for cell in cells:
             print(cell.id, json.dumps(cell.parameters, default=str))
         print(f"{len(cells)} cells, notebook {grid.notebook}")
+        out = Path(args.out or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}")
+        for line in adopt_renamed(out, grid.cells, dry_run=True):
+            print("on a run, " + line.replace(" is now ", " becomes "))
         return 0
     try:
         if args.address and args.executor != "ray":
