@@ -11,6 +11,7 @@ import pytest
 from flnotes.algorithms import Setting, Strategy, register_algorithm, unregister_algorithm
 from flnotes.config import RunConfig
 from flnotes.config.presets import preset_values
+from flnotes.engine.run_folder import lock_file, unlock_file
 from flnotes.engine.state import weighted_mean
 from flnotes.repro import grid as grids
 from flnotes.repro.notebook_run import SettingsError, run_methods, settings
@@ -193,3 +194,9 @@ def test_a_cell_run_under_the_old_ids_is_adopted_not_run_again(tmp_path):
     # other settings (alpha 3.0, not 2.0) stay where they are: that cell runs
     assert (out / "cells" / "B_seed0-11111111").is_dir() and not (out / "cells" / b.id).exists()
     assert adopt_renamed(out, cells) == []  # once
+    # a folder a running sweep holds is not moved under it
+    (out / "cells" / a.id).rename(out / "cells" / "A_seed0-22222222")
+    held = lock_file(out / "cells" / "A_seed0-22222222" / "cell.lock")
+    assert adopt_renamed(out, cells) == [] and (out / "cells" / "A_seed0-22222222").is_dir()
+    unlock_file(held)
+    assert len(adopt_renamed(out, cells)) == 1 and not list(out.rglob("cell.lock"))

@@ -477,6 +477,10 @@ def adopt_renamed(out: Path, cells: list[Cell], dry_run: bool = False) -> list[s
                     or grid_file.hashed_settings(record.get("parameters") or {}) != wanted):
                 continue
             if not dry_run:
+                held = lock_file(old / "cell.lock")
+                if isinstance(held, str):  # a sweep is running it now: not moved under it
+                    continue
+                unlock_file(held)
                 old.rename(folder)
                 record.update(id=cell.id, renamed_from=old.name)
                 _write_json(folder / "cell.json", record)
