@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from flnotes.repro import SWEEP_DIR
-from flnotes.repro.grid import load_grid
+from flnotes.repro.grid import flat_settings, load_grid
 from flnotes.repro.paper_tables import KEY, run_labels
 
 # Fields every method's result depends on; algorithm_fields adds those one method reads, so
@@ -45,8 +45,7 @@ def paper_settings(table: str, sweep_dir: Path = SWEEP_DIR) -> dict[tuple, dict]
         if grid.paper_table != table:
             continue
         for cell in grid.cells:
-            params = dict(cell.parameters)
-            params.update(params.pop("extra", None) or {})
+            params = flat_settings(cell.parameters)
             algorithms = params.get("algorithms", params.get("algorithm"))
             algorithms = [algorithms] if isinstance(algorithms, str) else list(algorithms or [])
             for algorithm in algorithms:
