@@ -26,11 +26,10 @@ def run_smoke(name: str, out: Path) -> Path:
 
     grid = grids.load_grid(REPO / "sweeps" / f"{name}.yaml", smoke=True)
     defaults = grids._notebook_defaults(grid.notebook)
-    keywords = grids._runconfig_keywords(grid.notebook)
     fields = set(field_names())
     for cell in grid.cells:
         folder = out / "cells" / cell.id
-        configs, _ = grids._cell_configs(cell.parameters, defaults, keywords, fields)
+        configs, _ = grids._cell_configs(cell.parameters, defaults, fields)
         for values in configs:
             for seed in cell.seeds:
                 run_dir = folder / "runs" / values["algorithm"] / f"seed{seed}"

@@ -57,10 +57,9 @@ def test_preset_fields_fill_parameters_and_extra(tmp_path, notebook):
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"fixed": {"lrr": 1}}, "'lrr' (in fixed) is neither a parameter of tiny.ipynb nor a "
-                            "RunConfig field"),
-    ({"grid": {"y": [1, 2]}}, "'y' (in grid) is neither a parameter"),
-    ({"grid": {"h": {"a": {"zz": 1}}}}, "'zz' (in grid axis 'h') is neither"),
+    ({"fixed": {"lrr": 1}}, "parameter 'lrr' (in fixed) is not a parameter of tiny.ipynb"),
+    ({"grid": {"y": [1, 2]}}, "parameter 'y' (in grid) is not a parameter"),
+    ({"grid": {"h": {"a": {"zz": 1}}}}, "parameter 'zz' (in grid axis 'h')"),
     ({"grid": {"x": []}}, "grid axis 'x' must be a non-empty list"),
     ({"grid": {"h": {}}}, "grid axis 'h' is empty"),
     ({"grid": {"h": {"a": None}}}, "grid axis 'h', label 'a'"),
