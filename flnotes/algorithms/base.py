@@ -61,6 +61,10 @@ class Strategy:
     # instance holds uses_custom_update's answer for its model (MOON without a classifier
     # head trains as FedAvg).
     custom_local_update = False
+    # False when the clients' code writes into the strategy itself (FML's personal models,
+    # STEM's directions): such rounds cannot train in worker processes
+    # (flnotes.engine.client_workers), where the writes would stay.
+    parallel_clients = True
     # True when local_penalty adds a term to the local loss (FedProx, FedUp).
     has_penalty = False
     # True when local_gradient takes each local step's gradient its own way (FedSAM).

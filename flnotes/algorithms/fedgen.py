@@ -140,6 +140,9 @@ class FedGen(Strategy):
     """FedAvg with a server-trained feature generator that regularises the clients' heads."""
 
     name = "fedgen"
+    # batch_loss records each client's label counts on the strategy (self.label_counts): its
+    # clients train in the loop
+    parallel_clients = False
     checkpointed = {"generator": "object", "optimizer": ("object", "generator_optimizer")}
     label = "FedGen"
     runs_on_flower = False  # the server trains a generator from the clients' heads

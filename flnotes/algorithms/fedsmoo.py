@@ -55,6 +55,8 @@ class FedSMOO(FedDyn):
     """FedDyn with a sharpness-aware step whose perturbation is steered by mu_i and s."""
 
     name = "fedsmoo"
+    # local_update writes each client's new dual into self.new_duals: its clients train in the loop
+    parallel_clients = False
     checkpointed = {"perturbation": "state", "duals": "object"}
     label = "FedSMOO"
     settings_not_read = ("feddyn_alpha",)  # smoo_alpha is its regulariser's weight

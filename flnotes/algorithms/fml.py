@@ -189,6 +189,9 @@ class FML(Strategy):
     """Federated mutual learning: meme models are averaged, personal models stay local."""
 
     name = "fml"
+    # local_update keeps each client's personal model in self.personal: its clients train in the
+    # loop
+    parallel_clients = False
     checkpointed = {"personal": "client_states"}
     label = "FML"
     settings = (

@@ -61,6 +61,9 @@ class MimeLite(Strategy):
     """FedAvg whose clients step with the server's momentum, held fixed within a round."""
 
     name = "mimelite"
+    # local_update writes each client's full-batch gradient into self.gradients: its clients train
+    # in the loop
+    parallel_clients = False
     checkpointed = {"momentum": "state"}
     label = "MimeLite"
     own_momentum_note = "the server's momentum mime_beta"

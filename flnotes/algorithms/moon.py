@@ -129,7 +129,12 @@ class MOON(Strategy):
         self.initial = clone_state(self.global_state)  # every previous model starts here
         device = next(iter(self.global_state.values())).device
         self.store = ClientStateStore(store_directory(self.config.run_dir, "moon"),
-                                      lambda client: self.initial, device=device)
+                                      self._initial_state, device=device)
+
+    def _initial_state(self, client: int):
+        """A client's previous model before its first round (a method, not a lambda: the
+        strategy goes to client worker processes by pickle)."""
+        return self.initial
 
     @property
     def mu(self) -> float:

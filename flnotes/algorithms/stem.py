@@ -60,6 +60,9 @@ class STEM(Strategy):
     """Local STORM momentum d on each client; the server averages models and momenta."""
 
     name = "stem"
+    # local_update writes each client's direction d into self.directions: its clients train in the
+    # loop
+    parallel_clients = False
     checkpointed = {"direction": "state"}
     label = "STEM"
     own_momentum_note = "STEM's local momentum d, set by stem_a"

@@ -336,14 +336,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     loggers = parse_loggers(getattr(args, "logger", None))  # before a config is read
     return run_command(config_from_args(args), getattr(args, "seeds", None),
                        loggers=loggers, logger_dir=getattr(args, "logger_dir", None),
-                       threads=getattr(args, "threads", None))
+                       threads=getattr(args, "threads", None),
+                       client_workers=getattr(args, "client_workers", 1))
 
 
 def _positive_int(text: str) -> int:
-    """A whole number >= 1 (argparse turns the ValueError into its one-line error)."""
-    value = int(text)
+    """A whole number >= 1 (argparse turns the error into its one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return value
 
 
@@ -438,6 +442,10 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                        help="torch CPU threads for the run (default: one, or the idle cores "
                             "for a model as large as ResNet-18; more threads than free cores "
                             "run slower, not faster: flnotes/engine/threads.py)")
+    p_run.add_argument("--client-workers", type=_positive_int, metavar="N", default=1,
+                       help="train each round's clients in N processes of one thread each, "
+                            "on a CPU with N free cores (the same results bit for bit; "
+                            "default 1: in turn; flnotes/engine/client_workers.py)")
     p_run.add_argument("--logger-dir", metavar="DIR",
                        help="log into DIR/tensorboard/<run folder name>/ and DIR/mlruns/ "
                             "instead of the run folder (one place to compare runs)")

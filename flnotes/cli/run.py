@@ -32,7 +32,7 @@ from flnotes.messages import on_terminal
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
                 loggers: list[str] | None = None, logger_dir: str | None = None,
-                threads: int | None = None) -> int:
+                threads: int | None = None, client_workers: int = 1) -> int:
     """Run one configuration (or its seeds), print each round as it ends, save a curve.
 
     ``loggers`` (:data:`flnotes.engine.tracking.LOGGERS`) copy each round to TensorBoard or
@@ -60,7 +60,7 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     check_installed(loggers or [])  # before any data is loaded
     config.check_device()  # before any data is loaded
     if seeds:
-        return _run_seeds(config, seeds, loggers or [], logger_dir, threads)
+        return _run_seeds(config, seeds, loggers or [], logger_dir, threads, client_workers)
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config)))
     if config.dataset == "toy":
@@ -83,7 +83,7 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
 
     try:
         history = run(config, on_round=on_round, progress=progress, track=False,
-                      threads=threads)
+                      threads=threads, client_workers=client_workers)
     except KeyboardInterrupt as stop:
         if tracker:
             tracker.close("interrupted")
@@ -173,7 +173,8 @@ TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat ba
 
 
 def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
-               logger_dir: str | None, threads: int | None = None) -> int:
+               logger_dir: str | None, threads: int | None = None,
+               client_workers: int = 1) -> int:
     """Several seeds stacked into one batched run; per-seed and mean +- std accuracy.
 
     Loggers get each seed's rows once the seeds end (the stacked run has no per-round
@@ -189,7 +190,7 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
         print(line, file=sys.stderr)
     try:
         histories = run_seeds(config, seeds, progress=on_terminal(), track=False,
-                              threads=threads)
+                              threads=threads, client_workers=client_workers)
     except KeyboardInterrupt as stop:
         _say("\n".join(f"seed {seed}: {interruption_report(Path(config.run_dir) / f'seed{seed}')}"
                         for seed in seeds))

@@ -58,15 +58,22 @@ def seed_configs(config, seeds: list[int]) -> list:
 
 
 def run_seeds(config, seeds: list[int], *, progress: bool = True,
-              track: bool = True, threads: int | None = None) -> list[History]:
+              track: bool = True, threads: int | None = None,
+              client_workers: int = 1) -> list[History]:
     """Run ``config`` once per seed, the seeds' clients trained together; one History each.
 
     ``track``: as :func:`flnotes.engine.sim.run` (``FLNOTES_LOGGERS``); a stacked run has no
     per-round callback, so each seed's rounds reach the loggers when the seeds end.
+    ``client_workers``: as :func:`flnotes.engine.sim.run`, for seeds run in turn (a stacked
+    run batches its clients on its device instead, and says so).
     """
     configs = seed_configs(config, seeds)
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
-        return [run(c, progress=progress, track=track, threads=threads) for c in configs]
+        return [run(c, progress=progress, track=track, threads=threads,
+                    client_workers=client_workers) for c in configs]
+    if client_workers > 1 and progress:
+        tqdm.write(f"client_workers={client_workers}: not used by a stacked run (its clients "
+                   "train as one batch on its device)")
     # Before training: a bad FLNOTES_LOGGERS is one line at once, not after every seed ran.
     trackers = [environment_tracker(c) if track else None for c in configs]
     # A stack trains on the GPU (the vmap backend's default): the CPU only feeds it, unless

@@ -57,6 +57,7 @@ from flnotes.engine.client_state import (
     bind_stores,
     deferred_signals,
 )
+from flnotes.engine.client_workers import ClientWorkers, why_not
 from flnotes.engine.history import History, code_version, environment_info
 from flnotes.engine.run_folder import (  # noqa: E402,F401
     RESUMABLE_CHANGES,
@@ -339,7 +340,7 @@ class Simulation:
 
 def run(config, *, progress: bool = True, task=None,
         on_round: Callable[[dict], None] | None = None, track: bool = True,
-        threads: int | None = None) -> History:
+        threads: int | None = None, client_workers: int = 1) -> History:
     """Run (or resume, or reload) a federated training and return its History.
 
     ``on_round(row)`` is called with each round's metrics as soon as the round ends (the
@@ -354,18 +355,28 @@ def run(config, *, progress: bool = True, task=None,
 
     ``threads``: torch's CPU threads for the run (None: flnotes/engine/threads.py's rule,
     one thread unless a large model finds idle cores); torch's count is restored after.
+
+    ``client_workers``: train each round's clients in that many processes, one thread each
+    (:mod:`flnotes.engine.client_workers`; the same results bit for bit). Where a run cannot,
+    its clients train in turn and, with ``progress``, one line says why.
     """
     check_config(config)
     if task is None:  # built here, so that the thread rule can look at its model
         resolved = config.resolved()
         resolved.check_device()  # before loading data: "no GPU here", not a CUDA traceback
         task = build_task(resolved)
+    if isinstance(client_workers, bool) or not isinstance(client_workers, int) \
+            or client_workers < 1:
+        raise ValueError(f"client_workers={client_workers!r} is invalid: give a whole number "
+                         ">= 1 (1: the clients train in turn)")
     with threads_for(task, threads, on_gpu=resolve_device(config.device).type == "cuda"):
-        return _run(config, task, progress, on_round, track)
+        return _run(config, task, progress, on_round, track, client_workers)
 
 
-def _run(config, task, progress: bool, on_round, track: bool) -> History:
+def _run(config, task, progress: bool, on_round, track: bool,
+         client_workers: int = 1) -> History:
     sim = Simulation(config, task=task)
+    sim.client_workers = client_workers
     try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
         tracker = environment_tracker(sim.config) if track else None
     except BaseException:
@@ -418,14 +429,25 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
             tqdm.write(f"warning: {sim.run_dir} began with {sim.threads_changed} CPU threads "
                        f"and goes on with {sim.history.environment.get('cpu_threads')}: CPU "
                        "results may differ in the last bits (run.json records each start)")
+    workers = getattr(sim, "client_workers", 1)
+    reason = why_not(config, sim.strategy, workers)
+    if reason is not None:
+        if progress:
+            tqdm.write(f"client_workers={workers}: the clients train in turn ({reason})",
+                       file=sys.stderr)
+        workers = 1
     bar = tqdm(range(sim.start_round, config.rounds + 1), desc=config.algorithm,
                disable=not progress, initial=sim.start_round - 1, total=config.rounds)
+    pool = ClientWorkers(sim.task, workers) if workers > 1 else None
     try:
         for rnd in bar:
             check_stop()  # a caller's stop (stops.stop_when), between rounds as Ctrl-C
             tic = time.perf_counter()
             clients, starts = sim.begin_round(rnd)
-            results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)
+            if pool is not None:
+                results = pool.train(sim.strategy, rnd, clients, starts, config)
+            else:
+                results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)
             row = sim.end_round(rnd, clients, starts, results, time.perf_counter() - tic)
             if "accuracy" in row:
                 bar.set_postfix(acc=f"{row['accuracy']:.3f}",
@@ -436,6 +458,8 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
                 break
     finally:
         bar.close()
+        if pool is not None:
+            pool.close()
     return sim.finish()
 
 
