@@ -36,8 +36,9 @@ def test_the_choice_in_each_case(monkeypatch):
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="threads"):
             rule.choose_threads(bad, never)
-    assert rule.choose_threads(None, lambda: 1e6) == 1  # LeNet-size: one thread
     monkeypatch.setattr(rule, "idle_cores", lambda: 6)
+    assert rule.choose_threads(None, lambda: 2e5) == 1  # MLP-size: one thread, idle or not
+    assert rule.choose_threads(None, lambda: 6.5e5) == 6  # LeNet-size on idle cores
     assert rule.choose_threads(None, lambda: 5e8) == 6  # ResNet-18-size on idle cores
     monkeypatch.setattr(rule, "idle_cores", lambda: 64)
     assert rule.choose_threads(None, lambda: 5e8) == rule.MOST_THREADS

@@ -1,25 +1,27 @@
 """How many CPU threads a run's torch uses: never more than help.
 
 torch's default is one intra-op thread per core, which pays only when the cores are idle
-and each operation is large. Measured on this project's 2-core machine
+and each operation is large enough. Measured on this project's 2-core machine
 (``python benchmarks/threads.py``, benchmarks/README.md): with other processes busy on the
 cores (load average 5-6), a local step at two threads took 1.8x (ResNet-18) to 67x (the
-MLP) one thread's wall time, 5x for the seed code's LeNet; an earlier measurement of a whole
-LeNet round gave 29-155 s at two threads against 3.75 s at one (load 3). So:
+MLP) one thread's wall time, 5x for the seed code's LeNet; with the cores idle, two threads
+took 0.56-0.74x one thread's for every model from the seed code's LeNet (0.65M multiply-adds
+per sample) up to ResNet-18, and 1.14x for the MLP (0.2M). So:
 
 - a count the user gives (``run --threads N``, ``run(config, threads=N)``) is used as given;
 - a count the environment gives (``OMP_NUM_THREADS``, as ``sweep`` and ``make test`` set
   it) is kept: whoever set it chose;
-- otherwise one thread, unless the model is large enough to keep several busy (at least
-  ``LARGE_MACS`` multiply-adds per sample, which ResNet-18 and VGG-16 pass and LeNet, the
-  McMahan CNN, ResNet-20 and the LSTM do not) and cores are idle: then the idle cores
-  (cores this process may use minus the load average others put on them, rounded down),
-  at most ``MOST_THREADS``. A GPU run keeps one CPU thread (the CPU only feeds the GPU).
+- otherwise one thread, unless the model has at least ``LARGE_MACS`` multiply-adds per sample
+  (LeNet, the McMahan CNN, ResNet-20, the LSTM, ResNet-18 and VGG-16 do; the MNIST MLP does
+  not) and cores are idle: then the idle cores (cores this process may use minus the load
+  average others put on them, rounded down), at most ``MOST_THREADS``. A GPU run keeps one
+  CPU thread (the CPU only feeds the GPU).
 
-The crossover of a large model on idle cores was not measured here (the machine was never
-idle while this was written): ``LARGE_MACS`` is set where the loaded measurement still
-favoured one thread for every model below it, and should be re-measured with
-``benchmarks/threads.py`` on an idle machine.
+How it generalises: the crossover is the size at which one operation's work outweighs
+handing it to a second thread, a property of the model and the core, not of their number;
+more idle cores gain less per core (run ``benchmarks/threads.py --threads 1,2,4`` there),
+and ``run --client-workers N`` (clients in N processes, 0.54x at N = 2 for LeNet) beats
+threads for the small models.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-LARGE_MACS = 100e6  # multiply-adds per sample: ResNet-18 on CIFAR ~560M, ResNet-20 ~41M
+LARGE_MACS = 0.5e6  # multiply-adds per sample: the MLP 0.2M, LeNet 0.65M, ResNet-18 ~560M
 MOST_THREADS = 8
 
 
