@@ -6,6 +6,8 @@ builds the config. Each preset's docstring cites where every value comes from.
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -14,17 +16,25 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {}
 # the preset runs the baselines as that code did ("seed-code") or as their own papers.
 SEED_REPOSITORY: dict[str, str | None] = {}
 BASELINE_READING: dict[str, str] = {}
+# Where a preset's input scaling comes from, said after the scaling itself (describe)
+NOT_SAID = "the paper does not say how it scales inputs"
+INPUTS_SOURCE: dict[str, str | None] = {}
+DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "mnist": "MNIST",
+                  "fashion_mnist": "Fashion-MNIST"}
 
 
-def preset(name: str, repository: str | None = None, reading: str = "paper"):
+def preset(name: str, repository: str | None = None, reading: str = "paper",
+           inputs: str | None = NOT_SAID):
     """Register a function returning a preset's field values under ``name``; ``repository``
     is the seed authors' repository whose code ran the paper's tables, ``reading`` how the
-    preset runs the baselines ("paper" or "seed-code")."""
+    preset runs the baselines ("paper" or "seed-code"), ``inputs`` where its input scaling
+    comes from (after the scaling :func:`describe` writes from the values; None: nothing)."""
 
     def register(fn: Callable[[], dict[str, Any]]):
         PRESETS[name] = fn
         SEED_REPOSITORY[name] = repository
         BASELINE_READING[name] = reading
+        INPUTS_SOURCE[name] = inputs
         return fn
 
     return register
@@ -49,9 +59,40 @@ def summary(name: str) -> str:
 
 
 def describe(name: str) -> str:
-    """A preset's docstring: where each of its values comes from."""
-    preset_values(name)
-    return (PRESETS[name].__doc__ or "").strip()
+    """A preset's docstring (where each of its values comes from), then how its inputs are
+    scaled, written from its dataset and data options, and where that comes from."""
+    values = preset_values(name)
+    doc = inspect.cleandoc(PRESETS[name].__doc__ or "")
+    scaling = input_scaling(values)
+    if scaling is None or "Inputs scaled" in doc:  # the seed-code presets say it their way
+        return doc
+    source = INPUTS_SOURCE.get(name)
+    joint = ", " if source and source.startswith("as ") else "; "  # "as the code's ..."
+    wrapped = textwrap.fill(f"Inputs: {scaling}" + (f"{joint}{source}." if source else "."), 92)
+    return f"{doc}\n\n{wrapped}"
+
+
+def input_scaling(values: dict[str, Any]) -> str | None:
+    """How a preset's dataset scales its inputs (None: the synthetic smoke task's)."""
+    tasks = values.get("dataset", "synthetic").split("+")
+    if len(tasks) > 1:
+        return ("each task's channels standardised with its own dataset's mean and std (data "
+                'option normalize="dataset", the default, applied to both loaders)')
+    if tasks[0] == "femnist":
+        return ("LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]: "
+                "LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no "
+                "normalize option")
+    if tasks[0] == "shakespeare":
+        return ("windows of 80 character ids that the LSTM's embedding looks up; there are no "
+                "pixel values, so no normalize option applies")
+    if tasks[0] == "synthetic":
+        return None
+    rule = (values.get("data_options") or {}).get("normalize", "dataset")
+    if rule != "dataset":
+        return f'scaled as data option normalize="{rule}" scales them'
+    label = DATASET_LABELS.get(tasks[0], "the dataset")
+    return (f"each channel standardised with {label}'s own mean and std (data option "
+            'normalize="dataset", the default)')
 
 
 @preset("demo")
@@ -105,9 +146,6 @@ def fedmut_paper() -> dict[str, Any]:
     6, the seed code 5 of 6 here and in the reviewer's check). So the paper's momentum 0.9 is
     usable with the code's input scaling (--data-option normalize=fedmut-code); run both when
     reproducing Table 1.
-
-    Inputs: each channel standardised with the dataset's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(_mutation_setup(), algorithm="fedmut", momentum=0.9, rounds=2000, alpha=4.0,
                 beta0=0.3, beta_rounds=50, mu=0.01)
@@ -119,9 +157,6 @@ def fedmut_paper_resnet18() -> dict[str, Any]:
 
     beta0 = 0.5 for ResNet-18 is stated in "Comparison of Accuracy"; every other value and
     choice is fedmut-paper's (see its docstring).
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmut_paper(), model="resnet18", beta0=0.5)
 
@@ -135,9 +170,6 @@ def fedmut_paper_vgg16() -> dict[str, Any]:
     linear layer on its 512 features, as the common CIFAR VGG; the official FedMut/FedMR
     code's head is 512-4096-4096-classes with dropout, which this one leaves out (a 4096-wide
     head on a 1x1 feature map adds about 19M parameters).
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmut_paper(), model="vgg16", beta0=0.3)
 
@@ -354,9 +386,6 @@ def fedqp_paper() -> dict[str, Any]:
     p = 0.5 keeps a margin from the unstable corner (a larger p pushes the mean mutant
     further ahead of the global model).
     Twelve short rounds cannot show late-round divergence: at paper scale, watch the loss.
-
-    Inputs: each channel standardised with the dataset's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(_mutation_setup(), algorithm="fedqp", momentum=0.5, rounds=2000, qp_prob=0.5,
                 mutation="sign", beta0=0.3, beta_rounds=50, mu=0.01)
@@ -368,9 +397,6 @@ def fedqp_paper_resnet18() -> dict[str, Any]:
 
     Table II and Fig. 4 use ResNet-18 on CIFAR-10 with Dir(0.5) and K = 10 by default. beta0 =
     0.5 is FedMut's ResNet-18 value (FedQP states none). Everything else: fedqp-paper.
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedqp_paper(), model="resnet18", beta0=0.5)
 
@@ -383,9 +409,6 @@ def fedqp_paper_vgg16() -> dict[str, Any]:
     linear layer on its 512 features, as the common CIFAR VGG; the official FedMut/FedMR
     code's head is 512-4096-4096-classes with dropout, which this one leaves out (a 4096-wide
     head on a 1x1 feature map adds about 19M parameters).
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedqp_paper(), model="vgg16", beta0=0.3)
 
@@ -401,9 +424,6 @@ def fedmr_paper() -> dict[str, Any]:
     (the alpha of the quoted setting is blank in the text; the official code's --data_beta
     default), 500 rounds (official code's default --epochs 500, github.com/HMHelloWorld/FedMR),
     one segment per layer (plain FedMR, not FedMR-p).
-
-    Inputs: each channel standardised with the dataset's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(_mutation_setup(), algorithm="fedmr", momentum=0.9, rounds=500,
                 stage1_rounds=0, segments=0, mu=0.01)
@@ -415,9 +435,6 @@ def fedmr_paper_resnet20() -> dict[str, Any]:
 
     Section 5.1: ResNet-20 and VGG-16 use the two-stage scheme whose first stage lasts 100
     rounds (as in the Fig. 9 learning curves). Everything else: fedmr-paper.
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), model="resnet20", stage1_rounds=100)
 
@@ -431,9 +448,6 @@ def fedmr_paper_vgg16() -> dict[str, Any]:
     BatchNorm and one linear layer on its 512 features, as the common CIFAR VGG; the official
     FedMut/FedMR code's head is 512-4096-4096-classes with dropout, which this one leaves out
     (a 4096-wide head on a 1x1 feature map adds about 19M parameters).
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), model="vgg16", stage1_rounds=100)
 
@@ -444,9 +458,6 @@ def fedmr_paper_cifar100() -> dict[str, Any]:
 
     Section 5.1: 100 clients for CIFAR-100 as for CIFAR-10, FedProx's best mu per data set
     0.01 / 0.001 / 0.1 for CIFAR-10 / CIFAR-100 / FEMNIST. Everything else: fedmr-paper.
-
-    Inputs: each channel standardised with CIFAR-100's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), dataset="cifar100", mu=0.001)
 
@@ -461,10 +472,6 @@ def fedmr_paper_femnist() -> dict[str, Any]:
     of LEAF's writers with at least 101 training samples (data options max_writers 180,
     min_samples 101); the McMahan CNN on 28x28 inputs (the paper's "CNN" column; its
     FEMNIST CNN is not described). Everything else: fedmr-paper.
-
-    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
-    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
-    option, and the paper does not say how it scales inputs.
     """
     return dict(fedmr_paper(), dataset="femnist", model="cnn", partition="natural",
                 num_clients=180, clients_per_round=18, mu=0.1,
@@ -486,9 +493,6 @@ def fml_paper() -> dict[str, Any]:
     kind; raise shards_per_client for milder levels); the McMahan CNN for CNN1 (the letter
     does not define CNN1/CNN2); 100 rounds (Fig. 5 plots the first 100 rounds). The
     official code's step learning-rate decay has no RunConfig field and is not applied.
-
-    Inputs: each channel standardised with the dataset's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(algorithm="fml", dataset="cifar10", model="cnn", partition="shards",
                 shards_per_client=2, num_clients=5, clients_per_round=5, rounds=100,
@@ -497,7 +501,8 @@ def fml_paper() -> dict[str, Any]:
                 client_test_fraction=0.1)
 
 
-@preset("fml-fig6")
+@preset("fml-fig6", inputs=f"{NOT_SAID}. Needs both datasets in data_dir (CIFAR-100 as its "
+                           "pickles)")
 def fml_fig6() -> dict[str, Any]:
     """FML (FITEE 2023) Fig. 6, objective heterogeneity: CIFAR-10 clients beside CIFAR-100.
 
@@ -514,10 +519,6 @@ def fml_fig6() -> dict[str, Any]:
     CNN1 the McMahan CNN "cnn" (as in fml-paper); the shared model CNN1 too (not given).
     Everything else as fml-paper (official code: lr 0.01, momentum 0.9, weight decay 5e-4,
     batch 128, 5 local epochs, a = b = 0.5, 10% held out per client).
-
-    Inputs: each task's channels standardised with its own dataset's mean and std (data
-    option normalize="dataset", the default, applied to both loaders); the paper does not
-    say how it scales inputs. Needs both datasets in data_dir (CIFAR-100 as its pickles).
     """
     return dict(fml_paper(), dataset="cifar10+cifar100", model="cnn",
                 personal_models="lenet-cifar,cnn", partition="iid", num_clients=2,
@@ -544,9 +545,6 @@ def fedup_paper() -> dict[str, Any]:
     0.01; SCAFFOLD option II, eta_g 1; FedDyn alpha 0.01; MOON mu 1 (5 on CIFAR-10), tau 0.5,
     projection 256; MimeLite beta 0.9; STEM a 0.1 (ours); FedSMOO alpha = rho = 0.1; FedPVR
     the classifier head. This preset's momentum 0 is what MimeLite and STEM require.
-
-    Inputs: each channel standardised with the dataset's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(algorithm="fedup", dataset="cifar10", model="resnet18-gn",
                 partition="dirichlet", dirichlet_alpha=0.3, num_clients=100,
@@ -562,9 +560,6 @@ def fedup_paper_cifar100() -> dict[str, Any]:
     Table 4's CIFAR-100 q values are 0.02, 0.1, 0.3, 0.4, 0.6 and IID; q = 0.3 chosen (shared
     with the CIFAR-10 columns); alpha = 0.03 (about 1/K for ~32 local steps at batch 16,
     chosen here as in fedup-paper). Other choices as fedup-paper.
-
-    Inputs: each channel standardised with CIFAR-100's own mean and std (data option
-    normalize="dataset", the default); the paper does not say how it scales inputs.
     """
     return dict(fedup_paper(), dataset="cifar100", batch_size=16, rounds=1000, fedup_alpha=0.03)
 
@@ -578,10 +573,6 @@ def fedup_paper_femnist() -> dict[str, Any]:
     layer ("femnist-cnn"). The natural per-writer split is our reading of "non-IID" with a
     LEAF citation. Momentum 0 as in fedup-paper; alpha = 0.08 chosen here (about 1/K for
     ~12 local steps of batch 20 on a writer's ~230 samples).
-
-    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
-    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
-    option, and the paper does not say how it scales inputs.
     """
     return dict(fedup_paper(), dataset="femnist", model="femnist-cnn", partition="natural",
                 num_clients=3400, clients_per_round=340, lr=0.02, batch_size=20, rounds=1000,
@@ -595,10 +586,6 @@ def fedup_paper_femnist_500() -> dict[str, Any]:
     Section 6.3 samples "large-scale" participation, 500 and 1020 clients per round
     (fedup-paper-femnist-1020), to test that FedUp scales. Everything else:
     fedup-paper-femnist.
-
-    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
-    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
-    option, and the paper does not say how it scales inputs.
     """
     return dict(fedup_paper_femnist(), clients_per_round=500)
 
@@ -608,15 +595,11 @@ def fedup_paper_femnist_1020() -> dict[str, Any]:
     """FedUp (Sci Sin Inform 2024) Fig. 2: FEMNIST with 1020 of the 3400 clients per round.
 
     As fedup-paper-femnist-500 with 1020 clients per round (30%).
-
-    Inputs: LEAF's FEMNIST pixels as its JSON stores them (grey values / 255, in [0, 1]:
-    LEAF's preprocess/data_to_json.py), not standardised: the FEMNIST loader has no normalize
-    option, and the paper does not say how it scales inputs.
     """
     return dict(fedup_paper_femnist(), clients_per_round=1020)
 
 
-@preset("fedup-paper-shakespeare")
+@preset("fedup-paper-shakespeare", inputs=None)
 def fedup_paper_shakespeare() -> dict[str, Any]:
     """FedUp (Sci Sin Inform 2024) Fig. 3: next-character prediction on Shakespeare.
 
@@ -628,16 +611,14 @@ def fedup_paper_shakespeare() -> dict[str, Any]:
     (not restated by FedUp; check against FedProx's appendix before quoting): lr 0.8,
     batch size 10, 143 roles, 40 rounds. FedUp's alpha 0.05 as on CIFAR-10 (not reported).
     The play texts or LEAF's JSON are read by the shakespeare loader (max_roles 143).
-
-    Inputs: windows of 80 character ids that the LSTM's embedding looks up; there are no
-    pixel values, so no normalize option applies.
     """
     return dict(fedup_paper(), dataset="shakespeare", model="lstm-100", partition="natural",
                 num_clients=143, clients_per_round=14, rounds=40, lr=0.8, batch_size=10,
                 data_options={"max_roles": 143})
 
 
-@preset("fedswa-paper")
+@preset("fedswa-paper", inputs="the official code standardises with (0.4914, 0.4822, "
+                               "0.4465) / (0.2023, 0.1994, 0.2010), close to those")
 def fedswa_paper() -> dict[str, Any]:
     """FedSWA (Liu et al., ICML 2025) Table 2: CIFAR-10, ResNet-18, Dirichlet 0.6.
 
@@ -653,10 +634,6 @@ def fedswa_paper() -> dict[str, Any]:
     update_FedSWA doubles again (peak 0.4, falling to 0 as rho = 0 there), its cosine decay
     of lr over the rounds, its gradient clipping at norm 10 and its random crop and flip
     (flnotes has none of these). Aggregation: FedSWA's uniform mean (its default weighting).
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default); the official code standardises with (0.4914, 0.4822,
-    0.4465) / (0.2023, 0.1994, 0.2010), close to those.
     """
     return dict(algorithm="fedswa", dataset="cifar10", model="resnet18",
                 partition="dirichlet", dirichlet_alpha=0.6, num_clients=100,
@@ -664,7 +641,8 @@ def fedswa_paper() -> dict[str, Any]:
                 momentum=0.0, weight_decay=1e-3, fedswa_rho=0.1, fedswa_alpha=1.5)
 
 
-@preset("fedlesam-paper")
+@preset("fedlesam-paper", inputs="as the code's Normalize(mean=[0.491, 0.482, 0.447], "
+                                 "std=[0.247, 0.243, 0.262]) does (dataset.py)")
 def fedlesam_paper() -> dict[str, Any]:
     """FedLESAM (Fan et al., ICML 2024) on CIFAR-10 with a GroupNorm ResNet-18.
 
@@ -682,10 +660,6 @@ def fedlesam_paper() -> dict[str, Any]:
     0.998 and its gradient clipping at norm 10 (flnotes has neither); its client sampling
     (each client active with probability 0.1, so a varying number a round) is replaced by
     10 clients drawn a round.
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default), as the code's Normalize(mean=[0.491, 0.482, 0.447],
-    std=[0.247, 0.243, 0.262]) does (dataset.py).
     """
     return dict(algorithm="fedlesam", dataset="cifar10", model="resnet18-gn",
                 partition="dirichlet", dirichlet_alpha=0.6, num_clients=100,
@@ -693,7 +667,7 @@ def fedlesam_paper() -> dict[str, Any]:
                 momentum=0.0, weight_decay=1e-3, weighting="uniform", lesam_rho=0.1)
 
 
-@preset("fedmoswa-paper")
+@preset("fedmoswa-paper", inputs='as fedswa-paper')
 def fedmoswa_paper() -> dict[str, Any]:
     """FedMoSWA (Liu et al., ICML 2025) Table 2: CIFAR-10, ResNet-18, Dirichlet 0.6.
 
@@ -705,14 +679,12 @@ def fedmoswa_paper() -> dict[str, Any]:
     (no cyclical schedule) with gamma hard-coded 0.4 after a first round at gamma 1, and
     alpha 1 (flnotes/algorithms/fedswa.py lists the differences); nor its cosine decay of lr
     over the rounds, gradient clipping and random crop and flip.
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default), as fedswa-paper.
     """
     return dict(fedswa_paper(), algorithm="fedmoswa", moswa_gamma=0.2)
 
 
-@preset("fedgloss-paper")
+@preset("fedgloss-paper", inputs="as the code's Normalize((0.4914, 0.4822, 0.4465), "
+                                 "(0.2470, 0.2434, 0.2616)) does (codebase/clients/client.py)")
 def fedgloss_paper() -> dict[str, Any]:
     """FedGloSS (Caldarola et al., CVPR 2025) on CIFAR-10: the authors' CIFAR-10 runs.
 
@@ -731,10 +703,6 @@ def fedgloss_paper() -> dict[str, Any]:
     (two 64-channel 5x5 convolutions, layers of 384 and 192 units; codebase/cifar10/cnn.py),
     which flnotes' model registry does not have. Not reproduced: the code's random crop and
     horizontal flip of training images.
-
-    Inputs: each channel standardised with CIFAR-10's own mean and std (data option
-    normalize="dataset", the default), as the code's Normalize((0.4914, 0.4822, 0.4465),
-    (0.2470, 0.2434, 0.2616)) does (codebase/clients/client.py).
     """
     return dict(algorithm="fedgloss", dataset="cifar10", model="cnn", partition="dirichlet",
                 dirichlet_alpha=0.05, num_clients=100, clients_per_round=5, rounds=10000,
