@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -80,60 +81,48 @@ def _pin_worker(device: str | None, threads: int) -> None:
             os.environ[var] = str(threads)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to send this process SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
+def _watch_parent(parent: int) -> None:
+    """Stop this worker, as the sweep's SIGTERM would, once its parent is gone: a sweep killed
+    outright (SIGKILL, a closed terminal) leaves no cell running that nobody waits for. A
+    thread that polls getppid(), which works wherever Python does."""
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's stop still ends the worker
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
 
-
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is pid (the worker's notebook kernel), from /proc."""
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                    kids.append(int(entry.name))
-    return kids
+    threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
 
 
 def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
     """A parallel sweep's worker process: one cell, then exit.
 
-    SIGTERM (the sweep stopping, or dying: PR_SET_PDEATHSIG) interrupts the cell's kernel
-    (so a run inside marks its folder interrupted), kills it a moment later, records the
-    cell ``interrupted`` and exits: no kernel is left running a cell nobody waits for.
+    The worker leads a process group of its own, which its notebook kernel joins. SIGTERM
+    (the sweep stopping, or gone: :func:`_watch_parent`) interrupts the group (so a run inside
+    the kernel marks its folder interrupted), records the cell ``interrupted`` a moment later
+    and kills the group, itself last: no kernel is left running a cell nobody waits for.
     """
     _, cell, cell_dir, meta = job
 
     def stop(signum, frame):
-        kernels = _children(os.getpid())
-        for pid in kernels:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGINT)
-        time.sleep(1.0 if kernels else 0.0)
-        for pid in kernels:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGINT)  # this worker ignores it; its kernel stops its run
+        time.sleep(1.0)
         path = Path(cell_dir) / "cell.json"
         record = _read_record(path) or {**meta, **cell}
         # Only a cell this worker holds: one another sweep holds keeps that sweep's record.
         if cell_dir in _HOLDING and record.get("status") in (None, "running"):
             with contextlib.suppress(OSError, ValueError):
                 _write_json(path, {**record, "status": "interrupted"})
-        os._exit(1)
+        os.killpg(0, signal.SIGKILL)
 
-    signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it sends SIGTERM
-    _die_with_parent(parent)
+    with contextlib.suppress(OSError):  # a group of its own: out of the terminal's Ctrl-C
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, stop)
+    if os.getppid() != parent:  # the sweep died while this worker started
+        os._exit(1)
+    _watch_parent(parent)
     _pin_worker(device, threads)
     try:
         record = run_cell(*job)
@@ -560,8 +549,6 @@ def _run_parallel(jobs: list, workers: int, cell_ended, records: dict) -> None:
 def _start_ignoring_ctrl_c(process) -> None:
     """Start a worker with SIGINT ignored (inherited through exec): a Ctrl-C at the terminal
     reaches the whole process group, and the sweep, not each worker, decides what stops."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         process.start()
         return
