@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from helpers import write_grid, write_notebook
 
+from flnotes.cli.main import main as cli_main
 from flnotes.data.options import data_option_problems
 from flnotes.repro import grid as grids
-from flnotes.repro import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 GRIDS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -78,7 +78,7 @@ def test_bad_grids_fail_before_anything_runs(tmp_path, notebook, change, message
     with pytest.raises(grids.GridError, match=message.replace("(", r"\(").replace(")", r"\)")):
         grids.load_grid(path)
     out = tmp_path / "out"
-    assert sweep.main([str(path), "--out", str(out)]) == 2
+    assert cli_main(["sweep", str(path), "--out", str(out)]) == 2
     assert not out.exists()  # nothing ran
 
 

@@ -21,6 +21,7 @@ from test_sweep import BODY
 from test_sweep_signals import BODY as BLOCKING_BODY
 from test_sweep_signals import _alive, _cells, _pids, _running_pids, _wait_for
 
+from flnotes.cli.main import main as cli_main
 from flnotes.repro import sweep
 from flnotes.repro.grid import load_grid
 
@@ -29,12 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_without_ray_the_executor_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    code = sweep.main([str(REPO / "sweeps" / "fedup_table4.yaml"), "--smoke", "--executor",
+    code = cli_main(["sweep", str(REPO / "sweeps" / "fedup_table4.yaml"), "--smoke", "--executor",
                        "ray", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == ["error: --executor ray needs Ray: pip install 'flnotes[ray]'"]
     assert not (tmp_path / "out").exists()  # nothing ran
-    code = sweep.main([str(REPO / "sweeps" / "fedup_table4.yaml"), "--smoke", "--address",
+    code = cli_main(["sweep", str(REPO / "sweeps" / "fedup_table4.yaml"), "--smoke", "--address",
                        "auto", "--out", str(tmp_path / "out")])
     assert code == 2 and "--executor ray" in capsys.readouterr().err
 
@@ -205,7 +206,7 @@ def _devices(tmp_path: Path, gpus: str) -> list[str]:
     notebook = write_notebook(folder, DEVICE_BODY)
     grid = write_grid(folder, {"notebook": notebook.name, "fixed": {"extra": {"seen": str(seen)}},
                                "grid": {"x": [1, 2, 3, 4]}, "seeds": [0]})
-    code = sweep.main([str(grid), "--executor", "ray", "--gpus-per-cell", gpus,
+    code = cli_main(["sweep", str(grid), "--executor", "ray", "--gpus-per-cell", gpus,
                        "--cpus-per-cell", "0.5", "--out", str(folder / "out")])
     assert code == 0
     values = [(seen / f"{x}.txt").read_text().split() for x in (1, 2, 3, 4)]
@@ -311,13 +312,14 @@ def test_a_dead_head_fails_in_one_line_at_once(tmp_path):
 def test_bad_task_sizes_are_one_line(tmp_path, capsys, flags, message):
     notebook = write_notebook(tmp_path, "pass")
     grid = write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [1]}, "seeds": [0]})
-    code = sweep.main([str(grid), "--executor", "ray", *flags, "--out", str(tmp_path / "out")])
+    code = cli_main(["sweep", str(grid), "--executor", "ray", *flags, "--out",
+                     str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     # one line (a cluster too small is seen once Ray is joined: after the progress bar)
     assert code == 2 and err[-1].startswith("error: " + message), err
     assert all(line.startswith("grid:") for line in err[:-1]), err  # the bar, redrawn
     assert not list((tmp_path / "out").glob("cells/*"))  # nothing ran
-    code = sweep.main([str(grid), *flags, "--out", str(tmp_path / "local")])  # no Ray asked
+    code = cli_main(["sweep", str(grid), *flags, "--out", str(tmp_path / "local")])  # no Ray asked
     assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
         f"error: {flags[0]} sizes the cells' Ray tasks: add --executor ray"]
 

@@ -467,9 +467,13 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     p_nb.set_defaults(func=cmd_notebooks, command_parser=p_nb)
     from flnotes.repro import sweep as sweep_cli
     from flnotes.repro import tables as tables_cli
+    from flnotes.repro.grid import __doc__ as grid_doc
 
+    # The help shows the grid file format too: it is what a user of the command writes.
     p_sweep = sub.add_parser("sweep", allow_abbrev=False,
-                             help="run a YAML grid of notebooks with papermill (sweeps/)")
+                             help="run a YAML grid of notebooks with papermill (sweeps/)",
+                             description=f"{sweep_cli.__doc__}\n{grid_doc}",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep_cli.add_arguments(p_sweep)
     p_sweep.set_defaults(func=sweep_cli.cmd_sweep, command_parser=p_sweep)
     p_tab = sub.add_parser("tables", allow_abbrev=False,

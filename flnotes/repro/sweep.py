@@ -795,24 +795,3 @@ def _print_summary(summary) -> None:
     with pd.option_context("display.width", 200, "display.max_rows", 1000,
                            "display.max_colwidth", 60):
         print(summary.to_string(index=False))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m flnotes.repro.sweep``."""
-    # The help shows the grid file format too: it is what a user of the command writes.
-    parser = argparse.ArgumentParser(prog="python -m flnotes sweep",
-                                     description=f"{__doc__}\n{grid_file.__doc__}",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    from flnotes.engine.sim import terminate_like_ctrl_c
-
-    try:
-        with terminate_like_ctrl_c():
-            return cmd_sweep(parser.parse_args(argv))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
