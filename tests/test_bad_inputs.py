@@ -1,4 +1,4 @@
-"""Bad inputs (issue 13): every one ends in a non-zero exit and one line that names what is
+"""Bad inputs: every one ends in a non-zero exit and one line that names what is
 wrong (the file, the flag, the field), never a traceback, and none is silently ignored.
 
 The table runs the command line in-process (``flnotes.cli.main.main``: an exception that

@@ -1,4 +1,4 @@
-"""The teaching notebooks in a real browser, as a student meets them (issue 14).
+"""The teaching notebooks in a real browser, as a student meets them.
 
 JupyterLab is started on 127.0.0.1 with a copy of the notebooks; Chromium (Debian's, driven
 by Playwright's Python package) opens each teaching notebook as a student reopens it: the
@@ -9,7 +9,7 @@ outputs, runs all cells and checks that no cell failed and every widget rendered
 every control of every explorer: a slider one step by the arrow keys (as a keyboard user
 does; a mouse drag sends the same value changes), a dropdown to another option, a checkbox
 clicked. The image each control's first move shows is compared, pixel by pixel, with a fresh
-full draw of that setting made in the same kernel (issue 26: a new figure's first picture
+full draw of that setting made in the same kernel (a new figure's first picture
 lost its titles). Each move must change the figure's image within a generous budget (the
 benchmark, ``benchmarks/widget_latency.py``, holds the real target) without an error in the
 kernel, and a control that is disabled must say why beside it. A control disabled at first

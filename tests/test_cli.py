@@ -157,7 +157,7 @@ def test_a_diverged_folder_is_not_offered_more_rounds(tmp_path, capsys):
 
 
 def test_a_preset_keeps_its_data_options_on_the_command_line():
-    """Issue 29's FedMut 'divergence at momentum 0.9': `--preset fedmut-official` ran on the
+    """The FedMut 'divergence at momentum 0.9' once reported: `--preset fedmut-official` ran on the
     default per-channel standardisation, because the unset --data-option flag replaced the
     preset's normalize="fedmut-code" with {}. With the seed code's inputs restored, FedMut at
     momentum 0.9 stays finite as the seed code does (fedmut-official's docstring)."""

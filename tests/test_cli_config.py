@@ -1,5 +1,5 @@
 """run --config FILE|FOLDER (a run folder's settings, flags override them) and run --resume
-FOLDER (continue it under its own settings) (issue 24), through the command line in-process."""
+FOLDER (continue it under its own settings), through the command line in-process."""
 
 import json
 from pathlib import Path

@@ -204,7 +204,7 @@ def test_runs_on_the_toy(name):
     assert all(torch.isfinite(t).all() for t in history.final_state.values())
 
 
-# ---- the files' integrity (issue 25) -------------------------------------------------------
+# ---- the files' integrity -------------------------------------------------------
 def _two_clients(directory, settings="run-a"):
     """A store with clients 0 and 1 written in round 1, and its checkpoint record."""
     store = ClientStateStore(directory, zeros)
@@ -300,7 +300,7 @@ def test_a_file_damaged_during_the_run_is_one_line_when_read(tmp_path):
 
 
 def test_checkpoints_from_before_the_digests_still_resume(tmp_path):
-    """A folder written before issue 25: plain state files, a record of versions only."""
+    """A folder written before the digests: plain state files, a record of versions only."""
     from flnotes.engine.client_state import ClientStateError
 
     folder = tmp_path / "s"

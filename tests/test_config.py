@@ -117,7 +117,7 @@ def test_every_field_has_a_help_line():
 
 
 def test_paths_and_numpy_values_are_taken_and_wrong_types_refused_in_one_line():
-    """issue 25: a pathlib.Path is the path it names, numpy numbers the numbers they hold
+    """a pathlib.Path is the path it names, numpy numbers the numbers they hold
     (data options included); a wrong type is a one-line ValueError, never an AttributeError."""
     from pathlib import Path
 

@@ -248,7 +248,7 @@ def test_missing_idx_lists_places_and_hints(tmp_path, monkeypatch):
     for place in ("default", "default/FashionMNIST/raw", "no-debian"):
         assert str(tmp_path / place) in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "download=True" in msg
-    # A data_dir named is the one read (issue 13): neither the system copy nor a fallback.
+    # A data_dir named is the one read: neither the system copy nor a fallback.
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError) as err:
         load_dataset("fashion-mnist", data_dir=tmp_path / "empty")

@@ -335,7 +335,7 @@ def test_finished_folders_are_reported_as_such_and_download_may_change(tiny_conf
 
 
 def test_batches_are_drawn_lazily_and_equal_one_shuffle_per_epoch_up_front():
-    """issue 25: memory must not grow with the number of local steps. iter_batches draws the
+    """memory must not grow with the number of local steps. iter_batches draws the
     same shuffles as one randperm per epoch drawn up front (the reference below), across its
     chunk boundaries, and its first batch comes without drawing every epoch's."""
     import time

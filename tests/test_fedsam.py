@@ -285,7 +285,7 @@ def test_swa_is_refused_for_other_methods_and_bad_values():
 
 
 def test_swa_settings_that_do_nothing_are_said_before_the_run(capsys):
-    """issue 25: --swa-start beyond --rounds (or SWA settings with swa off) do nothing: the
+    """--swa-start beyond --rounds (or SWA settings with swa off) do nothing: the
     command line says so in one line before the run, and the run still goes."""
     from flnotes.cli.main import main
 

@@ -1,4 +1,4 @@
-"""A fuzz of bad inputs (issue 25): flags, Python calls, run folders, client-state files and
+"""A fuzz of bad inputs: flags, Python calls, run folders, client-state files and
 paths that cannot be written. Each must end in one line that says what is wrong, never a
 traceback and never a silent result: a non-zero exit from the command line (run in-process,
 ``flnotes.cli.main.main``), or a ValueError/TypeError of one line from the Python API.

@@ -134,7 +134,7 @@ def test_the_module_command_prints_one_line_and_no_traceback(tmp_path):
 
 
 def test_a_grid_runs_the_baselines_as_the_seed_code_ran_them_by_one_option():
-    """issue 29: --set baselines=seed-code gives every cell the seed code's reading of the
+    """--set baselines=seed-code gives every cell the seed code's reading of the
     baselines over its own preset; methods with one reading keep their cells (same ids)."""
     from flnotes.config.presets import seed_code_baselines
     from flnotes.repro.grid import GridError, load_grid

@@ -1,4 +1,4 @@
-"""Issue 24: notebooks run in a kernel of this interpreter (never the user's "python3", never
+"""notebooks run in a kernel of this interpreter (never the user's "python3", never
 an installed kernelspec), and a sweep's default (relative) output folder nests once."""
 
 import json

@@ -1,6 +1,5 @@
-"""Kill a run at every write point of its folder, and at random times, then resume it
-(issue 13), and inside a client-state file's write (issue 25), then resume it: the folder
-must end equal to an uninterrupted run's, bit for bit, metrics, checkpoint and
+"""Kill a run at every write point of its folder, at random times and inside a
+client-state file's write, then resume it: the folder must end equal to an uninterrupted run's, bit for bit, metrics, checkpoint and
 global_model.pt included, and say ``completed``."""
 
 import io
@@ -246,7 +245,7 @@ def test_reloading_a_finished_folder_writes_nothing(tmp_path):
     assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.name != "run.lock"} == files
 
 
-# ---- inside a client-state write (issue 25) ----------------------------------------------
+# ---- inside a client-state write ----------------------------------------------
 def _scaffold(run_dir) -> RunConfig:
     """The same run with a method that writes client-state files (5 a round)."""
     return _config(run_dir).replace(algorithm="scaffold", momentum=0.0)

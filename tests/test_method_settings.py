@@ -1,4 +1,4 @@
-"""Each method owns its settings (issue 28): declared once in its module, everything derived.
+"""Each method owns its settings: declared once in its module, everything derived.
 
 The first test is CONTRIBUTING.md's promise: a method written in one file (here, this one)
 runs from the command line, has its own help group, validates its settings in one line and

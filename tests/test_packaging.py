@@ -1,4 +1,4 @@
-"""Issue 24: what ships in the package and finds it from any folder: grids by name, the
+"""what ships in the package and finds it from any folder: grids by name, the
 notebook series copied out, a sweep's runs logged to one TensorBoard store as they go."""
 
 import json

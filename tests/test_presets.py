@@ -196,7 +196,7 @@ def test_fedup_figure_presets():
 
 
 def test_every_paper_preset_says_how_it_scales_inputs():
-    """Issue 15: each paper preset's docstring names the normalize rule it runs with (only
+    """each paper preset's docstring names the normalize rule it runs with (only
     the official-code presets leave the default), or says its data have no such option."""
     from flnotes.data.options import loader_options
 
@@ -227,8 +227,8 @@ def _presets_named(node) -> set[str]:
 
 
 def test_every_preset_a_sweep_grid_names_exists():
-    """Issue 15: no grid (sweeps/ or benchmarks/, paper and smoke variants) names a preset
-    that is not registered; the presets issue 15 added are the ones their grids run."""
+    """no grid (sweeps/ or benchmarks/, paper and smoke variants) names a preset
+    that is not registered; the presets added for the grids are the ones they run."""
     from pathlib import Path
 
     import yaml

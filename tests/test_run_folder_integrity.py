@@ -1,4 +1,4 @@
-"""A run folder's client-state files, interrupts and full disks (issue 25).
+"""A run folder's client-state files, interrupts and full disks.
 
 - Resuming checks every client-state file the checkpoint names before its first round: a
   missing, damaged, foreign (another run's) or swapped (another client's or round's) file is

@@ -1,7 +1,7 @@
 """The teaching notebooks are stored as a reader should meet them: whole, figures included.
 
 A reader who opens 00-04 or 21 on GitHub, or in JupyterLab before running anything, must see
-the lecture with its pictures (issue 14). ``notebooks/refresh_outputs.py`` stores them so;
+the lecture with its pictures. ``notebooks/refresh_outputs.py`` stores them so;
 these checks fail when a notebook is committed stripped, half run, with an error, or too big
 to open comfortably. That the stored numbers still match a fresh run is nbval's part: ``make
 test`` re-runs every notebook and compares the checked cells.

@@ -1,4 +1,4 @@
-"""A parallel sweep stopped by Ctrl-C, SIGTERM or SIGKILL (issue 13): it stops at once, keeps
+"""A parallel sweep stopped by Ctrl-C, SIGTERM or SIGKILL: it stops at once, keeps
 the cells that finished, writes its summary (Ctrl-C), leaves no worker or kernel behind, and
 the same command again completes the grid without running a finished cell twice."""
 

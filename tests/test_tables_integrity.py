@@ -140,7 +140,7 @@ def test_the_module_command_prints_no_traceback(tmp_path):
 
 
 def test_tables_mark_a_baseline_run_as_the_seed_code_ran_it():
-    """issue 29: a seed table's baseline numbers come from the seed code's reading, so a run
+    """a seed table's baseline numbers come from the seed code's reading, so a run
     under that reading (an *-official preset) is marked, and one under its paper's is not."""
     from flnotes.config import RunConfig
     from flnotes.repro.paper_setting import baseline_reading

@@ -1,4 +1,4 @@
-"""run --logger tensorboard|mlflow (issue 24): each round's metrics and the settings copied
+"""run --logger tensorboard|mlflow: each round's metrics and the settings copied
 to file stores beside the run folder, read back here; and progress bars only on a terminal."""
 
 import io

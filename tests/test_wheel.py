@@ -1,4 +1,4 @@
-"""Issue 24: flnotes as a researcher installs it. The wheel is built from the source, installed
+"""flnotes as a researcher installs it. The wheel is built from the source, installed
 into a fresh virtual environment (not editable, run from a folder that is not the repository)
 and its commands find the notebooks, grids and paper tables it carries.
 

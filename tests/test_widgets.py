@@ -447,7 +447,7 @@ FIRST_MOVES = [(name, control) for name, controls in {
 
 @pytest.mark.parametrize("name, control", FIRST_MOVES)
 def test_the_first_image_after_a_move_is_a_fresh_full_draw(name, control):
-    """Issue 26: the first picture of a new figure (a new client shift, number of clients,
+    """the first picture of a new figure (a new client shift, number of clients,
     zoom) lost its titles until the next move. The image a control's first move shows must
     be what a fresh, fully drawn figure of that setting shows: titles, legends, labels."""
     ex = getattr(widgets, name)(**{**FAST[name], **({"kind": "sign"} if control == "beta"
