@@ -1,6 +1,7 @@
 """Kill a run at every write point of its folder, at random times and inside a
-client-state file's write, then resume it: the folder must end equal to an uninterrupted run's, bit for bit, metrics, checkpoint and
-global_model.pt included, and say ``completed``."""
+client-state file's write, then resume it: the folder must end equal to an uninterrupted
+run's, bit for bit, metrics, checkpoint and global_model.pt included, and say
+``completed``."""
 
 import io
 import json
