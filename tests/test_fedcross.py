@@ -183,3 +183,26 @@ def test_bad_settings_are_one_line_errors(field, value):
     with pytest.raises(ValueError, match=field) as error:
         RunConfig(algorithm="fedcross", **{field: value})
     assert "\n" not in str(error.value)
+
+
+def test_sample_weighting_weights_each_middleware_model_by_its_client():
+    fedcross = strategy("in-order", alpha=0.9, weighting="samples")
+    local = uploads()
+    fedcross.aggregate(1, results(local))  # clients 0..3 hold 10, 20, 30, 40 samples
+    middleware = fedcross.dispatch(2, [0, 1, 2, 3])
+    hand = sum(10 * (i + 1) * middleware[i]["w"].double() for i in range(4)) / 100
+    assert torch.allclose(fedcross.global_state["w"].double(), hand, rtol=1e-6, atol=1e-7)
+    uniform = sum(m["w"].double() for m in middleware) / 4
+    assert not torch.allclose(hand, uniform)
+
+
+def test_one_client_a_round_keeps_its_own_model():
+    g = torch.Generator().manual_seed(0)
+    one = [OrderedDict(w=torch.randn(200, generator=g), n=torch.tensor(3))]
+    assert collaborators(cosine_matrix(one), "lowest-similarity", 1) == [0]
+    assert collaborators(cosine_matrix(one), "in-order", 1) == [0]
+    config = RunConfig(algorithm="fedcross", num_clients=2, clients_per_round=1)
+    fedcross = FedCross(config, one[0])
+    fedcross.aggregate(1, results(one))
+    assert states_allclose(fedcross.dispatch(2, [1])[0], one[0], rtol=0, atol=0)
+    assert math.isnan(fedcross.similarity)

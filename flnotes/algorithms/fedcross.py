@@ -12,7 +12,7 @@ initial model before round 1 (Alg. 1, initialisation). Each round (Sec. III, Alg
    ``highest-similarity``  the v_j (j != i) with the largest cosine similarity to v_i;
    ``lowest-similarity``   the v_j (j != i) with the smallest cosine similarity to v_i;
 3. cross-aggregation (Sec. III-C):  w_i <- alpha * v_i + (1 - alpha) * v_co(i),
-   alpha = ``cross_alpha`` (0.99 in the experiments, Sec. IV);
+   alpha = ``cross_alpha`` (0.99 in the paper's experiments and the authors' lab code);
 4. global model (Sec. III-D, "global model generation"): the mean of the middleware models,
    w_glb = (1/K) sum_i w_i. It is what flnotes evaluates every round; clients never train
    from it (the next round dispatches the w_i).
@@ -128,11 +128,13 @@ class FedCross(Strategy):
     settings = (
         Setting("cross_alpha", 0.99, "FedCross: weight of a middleware model's own upload in "
                 "w_i = alpha v_i + (1 - alpha) v_co (1: no fusion)",
-                source="FedCross Sec. III-C (cross-aggregation); 0.99 in its experiments",
+                source="FedCross Sec. III-C (cross-aggregation); 0.99 in its experiments "
+                "and the authors' lab code (--fedcross_alpha)",
                 minimum=0.0, maximum=1.0),
         Setting("cross_selection", "lowest-similarity", "FedCross: how each upload's "
                 "collaborative model is chosen among the other uploads",
-                source="FedCross Sec. III-B (collaborative-model selection)",
+                source="FedCross Sec. III-B (collaborative-model selection); lowest "
+                "similarity is the authors' lab code's default (strategy 1)",
                 choices=SELECTIONS),
     )
 
@@ -159,8 +161,9 @@ class FedCross(Strategy):
         alpha = self.config.cross_alpha
         similarity = cosine_matrix(uploads)
         chosen = collaborators(similarity, self.config.cross_selection, round)
-        self.middleware = [cross_aggregate(uploads[i], uploads[j], alpha)
-                           for i, j in enumerate(chosen)]
+        # K = 1: no other model, so the upload is kept as it is (decision 8)
+        self.middleware = [cross_aggregate(uploads[i], uploads[j], alpha) if j != i
+                           else OrderedDict(uploads[i]) for i, j in enumerate(chosen)]
         self.similarity = mean_off_diagonal(similarity)
         if self.config.weighting == "samples":
             weights = [r.num_samples for r in results]
