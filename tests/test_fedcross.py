@@ -206,3 +206,18 @@ def test_one_client_a_round_keeps_its_own_model():
     fedcross.aggregate(1, results(one))
     assert states_allclose(fedcross.dispatch(2, [1])[0], one[0], rtol=0, atol=0)
     assert math.isnan(fedcross.similarity)
+
+
+def test_runs_from_the_command_line_and_the_preset_builds(tmp_path, capsys):
+    from flnotes.cli.main import main
+
+    folder = tmp_path / "run"
+    assert main(["run", "--algorithm", "fedcross", "--dataset", "toy", "--cross-alpha", "0.9",
+                 "--cross-selection", "in-order", "--rounds", "2", "--num-clients", "3",
+                 "--clients-per-round", "2", "--device", "cpu", "--run-dir",
+                 str(folder)]) == 0
+    assert (folder / "metrics.jsonl").exists()
+    capsys.readouterr()
+    config = RunConfig.from_preset("fedcross-paper")
+    assert (config.algorithm, config.cross_alpha, config.cross_selection) == (
+        "fedcross", 0.99, "lowest-similarity")
