@@ -26,8 +26,9 @@ and PFLlib's third-party servercross.py. Check them against the paper before quo
 Decisions where the paper is silent or a reading differs:
 
 1. Default selection strategy: ``lowest-similarity``. The paper compares the three
-   strategies and recommends the lowest-similarity one (as recalled); PFLlib's default
-   (--collaberative_model_select_strategy 1) is also lowest similarity.
+   strategies and recommends the lowest-similarity one (as recalled, not re-read here);
+   the authors' lab code defaults to it (--fedcross_collaberative_model_select_strategy 1,
+   "1 lowest simularity"), and so does PFLlib.
 2. Similarity: the cosine between two models' weight vectors (every float layer flattened
    and concatenated in state order, BatchNorm running statistics left out, as FedMR's
    ``model_similarity`` here). The authors' code instead sums the cosines of consecutive
@@ -36,7 +37,8 @@ Decisions where the paper is silent or a reading differs:
 3. In-order offset: rounds count from 1 here, so round 1 fuses v_i with v_{i+1}, as the
    authors' code does in its first round (its rounds count from 0: offset iter % (K-1) + 1).
 4. Which client gets which middleware model: the engine's sampled clients are sorted and
-   w_i goes to the i-th of them; the paper pairs w_i with the i-th randomly drawn client.
+   w_i goes to the i-th of them; the authors' code gives w_i to the i-th client of its
+   randomly ordered draw.
    The clients are drawn uniformly, so each w_i meets a uniformly random client either way
    (as in FedMR here).
 5. Global model: the mean of the middleware models after cross-aggregation (Sec. III-D,
@@ -44,12 +46,13 @@ Decisions where the paper is silent or a reading differs:
    models v_i before cross-aggregation. For ``in-order`` the collaborators are a
    permutation, so the two means are equal up to float rounding; for the similarity
    strategies they differ by (1 - alpha) times (mean of the chosen collaborators - mean
-   of the v_i). The mean is uniform by default (weighting "uniform", as both codes);
-   weighting "samples" weights w_i by its client's sample count.
+   of the v_i). The mean is uniform by default (weighting "uniform", as the authors' code;
+   PFLlib weights by training samples); weighting "samples" weights w_i by its client's
+   sample count.
 6. alpha range: [0, 1], the convex combinations. alpha = 1 makes every middleware model its
-   own client's local model (independent training: FedMR's Indep), alpha = 0.5 fuses each
-   pair equally; the paper studies values between these (as recalled), and 0.99 is used for
-   all its main experiments.
+   own client's local model (independent training, like FedMR's Indep), alpha = 0.5 fuses
+   each pair equally; 0.99 is the value of the paper's main experiments (as recalled) and
+   the authors' code's default.
 7. Integer buffers (BatchNorm's num_batches_tracked) are w_i's own client's, not fused;
    BatchNorm running statistics are float layers and are fused like weights.
 8. K = 1 (one client a round): there is no other model to fuse with, so w_1 = v_1 (the run
@@ -57,13 +60,13 @@ Decisions where the paper is silent or a reading differs:
 9. Two-stage start (FedAvg for the first rounds, the authors' code's
    --fedcross_first_stage_bound, default 0): not implemented; every round cross-aggregates,
    which is that code's default.
-10. Not implemented: the acceleration methods the ICDE version adds (propeller models, which
-    add extra fused models to speed up early rounds, and a dynamic alpha schedule that
-    starts lower and rises to alpha). Their exact rules could not be read here; both
-    codes above implement neither.
+10. Not implemented: the acceleration methods the ICDE version adds (propeller models and a
+    dynamic alpha). Only their names could be read here (in summaries of the paper), not
+    their rules, and neither code above implements them; ``cross_alpha`` is constant.
 
 ``model_similarity`` (recorded every evaluated round): the mean pairwise cosine of the round's
-uploaded models, the quantity the paper's similarity curves plot (as FedMR's Fig. 6).
+uploaded models, as the authors' code records each round (its ``sim`` values; as FedMR's
+Fig. 6 here), with decision 2's cosine.
 """
 
 from __future__ import annotations
