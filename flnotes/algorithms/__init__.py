@@ -40,6 +40,7 @@ _REGISTRY = {
     "fedmoswa": "flnotes.algorithms.fedswa:FedMoSWA",
     "fedlesam": "flnotes.algorithms.fedlesam:FedLESAM",
     "fedgloss": "flnotes.algorithms.fedgloss:FedGloSS",
+    "fedcross": "flnotes.algorithms.fedcross:FedCross",
 }
 
 
