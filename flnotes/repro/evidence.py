@@ -39,6 +39,9 @@ class Study:
 STUDIES = {
     "cifar10-lenet": Study("benchmarks/cifar10_lenet_evidence.yaml", "README.md",
                            "about 6.5 CPU-seconds a round on one thread, 200 rounds a run"),
+    "cifar10-lenet-400": Study("benchmarks/cifar10_lenet_400.yaml", "cifar10-lenet-400.md",
+                               "6-9 CPU-seconds a round on one loaded thread, 400 rounds a "
+                               "run"),
     "fml-cifar10": Study("benchmarks/fml_cifar10_evidence.yaml", "fml-cifar10.md",
                          "3-8 s a round on one loaded thread, 100 rounds a run"),
     "shakespeare-plays": Study("benchmarks/shakespeare_evidence.yaml", "shakespeare-plays.md",
