@@ -70,3 +70,30 @@ def test_the_command_line_flag_gives_the_same_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*flags, "--client-workers", "0"])
     assert "--client-workers: '0' is not a whole number >= 1" in capsys.readouterr().err
+
+
+def test_left_to_flnotes_a_run_takes_the_idle_cores_for_a_model_worth_it():
+    from flnotes.engine.client_workers import default_workers
+
+    config = RunConfig(algorithm="fedavg", **SMALL)  # 4 clients a round
+    assert default_workers(config, 2e5, idle=8) == 1  # the MLP: sending costs more
+    assert default_workers(config, 6.5e5, idle=2) == 2  # LeNet on two idle cores
+    assert default_workers(config, 6.5e5, idle=8) == 4  # no more than the round's clients
+    assert default_workers(config, 6.5e5, idle=1) == 1  # busy cores
+    assert default_workers(config.replace(backend="vmap"), 6.5e5, idle=8) == 1
+
+
+def test_a_run_left_to_flnotes_is_the_same_run_and_says_nothing(capsys, monkeypatch):
+    from flnotes.engine import sim
+
+    monkeypatch.setattr(sim, "idle_cores", lambda: 2)
+    monkeypatch.setattr(sim, "task_multiply_adds", lambda task: 6.5e5)  # as if LeNet
+    config = RunConfig(algorithm="fml", **SMALL)  # FML trains in turn: nothing said
+    same_run(run(config, progress=False), run(config, progress=True, client_workers=None))
+    assert "client_workers" not in capsys.readouterr().err
+    pools = []
+    real = sim.ClientWorkers
+    monkeypatch.setattr(sim, "ClientWorkers", lambda task, n: pools.append(n) or real(task, n))
+    config = RunConfig(algorithm="fedprox", **SMALL)
+    same_run(run(config, progress=False), run(config, progress=False, client_workers=None))
+    assert pools == [2]  # the idle cores, in workers

@@ -337,7 +337,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_command(config_from_args(args), getattr(args, "seeds", None),
                        loggers=loggers, logger_dir=getattr(args, "logger_dir", None),
                        threads=getattr(args, "threads", None),
-                       client_workers=getattr(args, "client_workers", 1))
+                       client_workers=getattr(args, "client_workers", None))
 
 
 def _positive_int(text: str) -> int:
@@ -442,10 +442,11 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                        help="torch CPU threads for the run (default: one, or the idle cores "
                             "for a model as large as ResNet-18; more threads than free cores "
                             "run slower, not faster: flnotes/engine/threads.py)")
-    p_run.add_argument("--client-workers", type=_positive_int, metavar="N", default=1,
-                       help="train each round's clients in N processes of one thread each, "
-                            "on a CPU with N free cores (the same results bit for bit; "
-                            "default 1: in turn; flnotes/engine/client_workers.py)")
+    p_run.add_argument("--client-workers", type=_positive_int, metavar="N",
+                       help="train each round's clients in N processes of one thread each "
+                            "(the same results bit for bit; 1: in turn; default: the idle "
+                            "cores for a model of LeNet's size or more on a CPU, else 1; "
+                            "flnotes/engine/client_workers.py)")
     p_run.add_argument("--logger-dir", metavar="DIR",
                        help="log into DIR/tensorboard/<run folder name>/ and DIR/mlruns/ "
                             "instead of the run folder (one place to compare runs)")

@@ -32,7 +32,7 @@ from flnotes.messages import on_terminal
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
                 loggers: list[str] | None = None, logger_dir: str | None = None,
-                threads: int | None = None, client_workers: int = 1) -> int:
+                threads: int | None = None, client_workers: int | None = 1) -> int:
     """Run one configuration (or its seeds), print each round as it ends, save a curve.
 
     ``loggers`` (:data:`flnotes.engine.tracking.LOGGERS`) copy each round to TensorBoard or
@@ -174,7 +174,7 @@ TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat ba
 
 def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
                logger_dir: str | None, threads: int | None = None,
-               client_workers: int = 1) -> int:
+               client_workers: int | None = 1) -> int:
     """Several seeds stacked into one batched run; per-seed and mean +- std accuracy.
 
     Loggers get each seed's rows once the seeds end (the stacked run has no per-round

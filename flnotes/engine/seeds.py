@@ -59,7 +59,7 @@ def seed_configs(config, seeds: list[int]) -> list:
 
 def run_seeds(config, seeds: list[int], *, progress: bool = True,
               track: bool = True, threads: int | None = None,
-              client_workers: int = 1) -> list[History]:
+              client_workers: int | None = 1) -> list[History]:
     """Run ``config`` once per seed, the seeds' clients trained together; one History each.
 
     ``track``: as :func:`flnotes.engine.sim.run` (``FLNOTES_LOGGERS``); a stacked run has no
@@ -71,7 +71,7 @@ def run_seeds(config, seeds: list[int], *, progress: bool = True,
     if resolve_backend(config) == "loop":  # asked for, or "auto" on a CPU: seeds in turn
         return [run(c, progress=progress, track=track, threads=threads,
                     client_workers=client_workers) for c in configs]
-    if client_workers > 1 and progress:
+    if client_workers is not None and client_workers > 1 and progress:
         tqdm.write(f"client_workers={client_workers}: not used by a stacked run (its clients "
                    "train as one batch on its device)")
     # Before training: a bad FLNOTES_LOGGERS is one line at once, not after every seed ran.

@@ -57,7 +57,7 @@ from flnotes.engine.client_state import (
     bind_stores,
     deferred_signals,
 )
-from flnotes.engine.client_workers import ClientWorkers, why_not
+from flnotes.engine.client_workers import ClientWorkers, default_workers, why_not
 from flnotes.engine.history import History, code_version, environment_info
 from flnotes.engine.run_folder import (  # noqa: E402,F401
     RESUMABLE_CHANGES,
@@ -92,7 +92,7 @@ from flnotes.engine.stops import (  # noqa: E402,F401
     terminate_like_ctrl_c,
 )
 from flnotes.engine.tasks import build_task, resolve_device
-from flnotes.engine.threads import threads_for
+from flnotes.engine.threads import idle_cores, task_multiply_adds, threads_for
 from flnotes.engine.tracking import environment_tracker
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
@@ -340,7 +340,7 @@ class Simulation:
 
 def run(config, *, progress: bool = True, task=None,
         on_round: Callable[[dict], None] | None = None, track: bool = True,
-        threads: int | None = None, client_workers: int = 1) -> History:
+        threads: int | None = None, client_workers: int | None = 1) -> History:
     """Run (or resume, or reload) a federated training and return its History.
 
     ``on_round(row)`` is called with each round's metrics as soon as the round ends (the
@@ -358,25 +358,30 @@ def run(config, *, progress: bool = True, task=None,
 
     ``client_workers``: train each round's clients in that many processes, one thread each
     (:mod:`flnotes.engine.client_workers`; the same results bit for bit). Where a run cannot,
-    its clients train in turn and, with ``progress``, one line says why.
+    its clients train in turn and, with ``progress``, one line says why. None: flnotes picks
+    (:func:`flnotes.engine.client_workers.default_workers`: the idle cores for a model of
+    LeNet's size or more on a CPU, else 1), as ``flnotes run`` does without the flag.
     """
     check_config(config)
     if task is None:  # built here, so that the thread rule can look at its model
         resolved = config.resolved()
         resolved.check_device()  # before loading data: "no GPU here", not a CUDA traceback
         task = build_task(resolved)
+    picked = client_workers is None  # flnotes picks: a method that cannot need not say so
+    if picked:
+        client_workers = default_workers(config, task_multiply_adds(task), idle_cores())
     if isinstance(client_workers, bool) or not isinstance(client_workers, int) \
             or client_workers < 1:
         raise ValueError(f"client_workers={client_workers!r} is invalid: give a whole number "
                          ">= 1 (1: the clients train in turn)")
     with threads_for(task, threads, on_gpu=resolve_device(config.device).type == "cuda"):
-        return _run(config, task, progress, on_round, track, client_workers)
+        return _run(config, task, progress, on_round, track, client_workers, picked)
 
 
 def _run(config, task, progress: bool, on_round, track: bool,
-         client_workers: int = 1) -> History:
+         client_workers: int = 1, picked: bool = False) -> History:
     sim = Simulation(config, task=task)
-    sim.client_workers = client_workers
+    sim.client_workers, sim.client_workers_picked = client_workers, picked
     try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
         tracker = environment_tracker(sim.config) if track else None
     except BaseException:
@@ -432,7 +437,7 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
     workers = getattr(sim, "client_workers", 1)
     reason = why_not(config, sim.strategy, workers)
     if reason is not None:
-        if progress:
+        if progress and not getattr(sim, "client_workers_picked", False):
             tqdm.write(f"client_workers={workers}: the clients train in turn ({reason})",
                        file=sys.stderr)
         workers = 1
