@@ -87,7 +87,9 @@ class ClientWorkers:
         return results
 
     def close(self) -> None:
+        global _TASK
         self._pool.shutdown(wait=True, cancel_futures=True)
+        _TASK = None  # the parent's reference for the fork: the run's data are let go
 
     def __enter__(self) -> ClientWorkers:
         return self
