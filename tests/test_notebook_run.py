@@ -3,16 +3,14 @@
 cells run before ids hashed their settings flattened."""
 
 import json
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from test_method_settings import ShrinkAvg, shrinkavg  # noqa: F401 (the fixture)
 
-from flnotes.algorithms import Setting, Strategy, register_algorithm, unregister_algorithm
 from flnotes.config import RunConfig
 from flnotes.config.presets import preset_values
 from flnotes.engine.run_folder import lock_file, unlock_file
-from flnotes.engine.state import weighted_mean
 from flnotes.repro import grid as grids
 from flnotes.repro.notebook_run import SettingsError, run_methods, settings
 from flnotes.repro.sweep import adopt_renamed
@@ -24,30 +22,6 @@ WRITTEN = {"dataset": "synthetic", "data_options": {"num_train": 300, "num_test"
            "model": "mlp", "num_clients": 4, "clients_per_round": 2, "rounds": 6, "lr": 0.1,
            "momentum": 0.5, "algorithms": ["fedavg"], "seeds": [0], "threads": 1,
            "output_dir": None, "preset": None, "config": {}}
-
-
-class ShrinkAvg(Strategy):
-    """A method added by this test: FedAvg whose global model moves s of the way to the mean."""
-
-    name = "shrinktest"
-    label = "ShrinkTest"
-    settings = (Setting("shrink_to", 0.5, "ShrinkTest: the server's step s toward the mean",
-                        source="this test", minimum=0, maximum=1, open_minimum=True),)
-
-    def aggregate(self, round, results):
-        mean = weighted_mean([r.state for r in results], [1.0] * len(results))
-        s = self.config.shrink_to
-        self.global_state = OrderedDict(
-            (n, w + s * (mean[n] - w) if w.is_floating_point() else mean[n])
-            for n, w in self.global_state.items())
-        return self.global_state
-
-
-@pytest.fixture
-def shrinktest():
-    register_algorithm(ShrinkAvg)
-    yield ShrinkAvg
-    unregister_algorithm("shrinktest")
 
 
 def test_without_a_preset_the_parameters_then_config_make_the_config():
@@ -122,24 +96,25 @@ def test_run_methods_names_each_module_and_reads_finished_runs_back(tmp_path, ca
     assert cell.folders["fedavg"] == tmp_path / "cell" / "runs" / "fedavg"
 
 
-def test_a_new_methods_setting_is_a_grid_axis_by_its_name(shrinktest, tmp_path, capsys,
+@pytest.mark.usefixtures("shrinkavg")
+def test_a_new_methods_setting_is_a_grid_axis_by_its_name(tmp_path, capsys,
                                                           monkeypatch):
     """A method added here, with no notebook change: its setting is a grid axis by name, goes
     into notebook 10's `config`, is checked before anything runs, and reaches the run."""
     grid_file = tmp_path / "grid.yaml"
-    grid_file.write_text(f"notebook: {NOTEBOOK_10}\nfixed: {{algorithms: shrinktest, rounds: 2,"
+    grid_file.write_text(f"notebook: {NOTEBOOK_10}\nfixed: {{algorithms: shrinkavg, rounds: 2,"
                          " num_clients: 4, clients_per_round: 2}\n"
-                         "grid: {shrink_to: [0.25, 1.0]}\nseeds: [0]\n")
+                         "grid: {shrink_step: [0.25, 1.0]}\nseeds: [0]\n")
     grid = grids.load_grid(grid_file)
-    assert [c.parameters["config"] for c in grid.cells] == [{"shrink_to": 0.25},
-                                                            {"shrink_to": 1.0}]
-    assert [c.labels["shrink_to"] for c in grid.cells] == ["0.25", "1.0"]
+    assert [c.parameters["config"] for c in grid.cells] == [{"shrink_step": 0.25},
+                                                            {"shrink_step": 1.0}]
+    assert [c.labels["shrink_step"] for c in grid.cells] == ["0.25", "1.0"]
     grid_file.write_text(grid_file.read_text().replace("1.0]", "2.0]"))
-    with pytest.raises(grids.GridError, match=r"set by grid axis 'shrink_to': "
-                                              r"RunConfig.shrink_to=2.0"):
+    with pytest.raises(grids.GridError, match=r"set by grid axis 'shrink_step': "
+                                              r"RunConfig.shrink_step=2.0"):
         grids.load_grid(grid_file)
-    grid_file.write_text(grid_file.read_text().replace("shrink_to: [", "shrink_too: ["))
-    with pytest.raises(grids.GridError, match="'shrink_too' .* neither a parameter of "
+    grid_file.write_text(grid_file.read_text().replace("shrink_step: [", "shrink_stepp: ["))
+    with pytest.raises(grids.GridError, match="'shrink_stepp' .* neither a parameter of "
                                               "10_reproduce_cifar.ipynb nor a RunConfig field"):
         grids.load_grid(grid_file)
     # what the notebook does with such a cell, in this process (where the method exists)
@@ -148,9 +123,9 @@ def test_a_new_methods_setting_is_a_grid_axis_by_its_name(shrinktest, tmp_path, 
     named = {**WRITTEN, **{k: v for k, v in cell.items() if k in WRITTEN}}
     base = settings(None, named, WRITTEN, cell["config"]).config
     runs = run_methods(base, cell["algorithms"], [0], tmp_path / "cell", "10_reproduce_cifar")
-    stored = json.loads((runs.folders["shrinktest"] / "seed0" / "config.json").read_text())
-    assert stored["shrink_to"] == 0.25
-    assert f"shrinktest ({ShrinkAvg.__module__}) seed 0: completed" in capsys.readouterr().out
+    stored = json.loads((runs.folders["shrinkavg"] / "seed0" / "config.json").read_text())
+    assert stored["shrink_step"] == 0.25
+    assert f"shrinkavg ({ShrinkAvg.__module__}) seed 0: completed" in capsys.readouterr().out
 
 
 def test_a_cell_id_hashes_its_settings_however_a_notebook_names_them():
