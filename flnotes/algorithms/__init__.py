@@ -41,6 +41,8 @@ _REGISTRY = {
     "fedlesam": "flnotes.algorithms.fedlesam:FedLESAM",
     "fedgloss": "flnotes.algorithms.fedgloss:FedGloSS",
     "fedcross": "flnotes.algorithms.fedcross:FedCross",
+    "fedgf": "flnotes.algorithms.fedgf:FedGF",
+    "fedgmt": "flnotes.algorithms.fedgmt:FedGMT",
 }
 
 
