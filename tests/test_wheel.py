@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
@@ -37,33 +39,45 @@ def _copy_source(dest: Path) -> Path:
     return dest
 
 
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(flnotes command, its environment, a work folder) of a fresh venv with the wheel."""
-    root = tmp_path_factory.mktemp("wheel")
+def wheel(tmp_path_factory) -> Path:
+    """flnotes' wheel, built from the source."""
+    root = tmp_path_factory.mktemp("build")
     source = _copy_source(root / "source")
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # Without build isolation where this interpreter has setuptools >= 64 (quick, offline);
     # else pip fetches it into an isolated build environment (a fresh Python 3.12 venv has none).
     try:
-        from importlib.metadata import version
-
         isolation = (["--no-build-isolation"]
                      if int(version("setuptools").split(".")[0]) >= 64 else [])
-    except Exception:  # not installed, or an odd version string
+    except (PackageNotFoundError, ValueError):  # not installed, or an odd version string
         isolation = []
-    subprocess.run([*pip, "wheel", str(source), "--no-deps", *isolation,
+    subprocess.run([*PIP, "wheel", str(source), "--no-deps", *isolation,
                     "-w", str(root / "dist")], check=True, cwd=root)
-    wheel = next((root / "dist").glob("flnotes-*.whl"))
-    # pip >= 22.3 installs into another environment (--python); an older one needs its own
-    # copy in the venv (ensurepip, a few seconds more).
-    from importlib.metadata import version
+    return next((root / "dist").glob("flnotes-*.whl"))
 
-    outer = tuple(int(p) for p in version("pip").split(".")[:2] if p.isdigit())
-    venv.EnvBuilder(system_site_packages=True, with_pip=outer < (22, 3)).create(root / "venv")
+
+def _needs_own_pip() -> bool:
+    """pip >= 22.3 installs into another environment (--python); an older one needs its own
+    copy in the venv (ensurepip, a few seconds more)."""
+    return tuple(int(p) for p in version("pip").split(".")[:2] if p.isdigit()) < (22, 3)
+
+
+def _installer(python: Path) -> list[str]:
+    """pip for the venv of ``python``."""
+    return ([str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+            if _needs_own_pip() else [*PIP, "--python", str(python)])
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, wheel):
+    """(flnotes command, its environment, a work folder) of a fresh venv with the wheel."""
+    root = tmp_path_factory.mktemp("wheel")
+    venv.EnvBuilder(system_site_packages=True, with_pip=_needs_own_pip()).create(root / "venv")
     python = root / "venv" / "bin" / "python"
-    installer = ([*pip, "--python", str(python)] if outer >= (22, 3)
-                 else [str(python), "-m", "pip", "--disable-pip-version-check", "-q"])
+    installer = _installer(python)
     # --ignore-installed: into the venv, whatever flnotes the outer interpreter holds
     subprocess.run([*installer, "install", "--no-deps", "--no-index", "--ignore-installed",
                     str(wheel)], check=True, cwd=root)
@@ -152,3 +166,46 @@ def test_the_wheel_installs_the_widget_state_extension(installed):
     assert (placed / package["jupyterlab"]["_build"]["load"]).is_file()
     assert sorted(p.name for p in (placed / "static").iterdir()) == \
         sorted(p.name for p in (built / "static").iterdir())
+
+
+def _stand_in_wheel(folder: Path, name: str, version: str) -> Path:
+    """A wheel named like PyTorch's CPU builds (``+cpu``) holding an empty package: what pip
+    sees of an installed CPU-only torch, without its few hundred MB."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": "",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: flnotes-test\n"
+                              "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+def test_the_readmes_cpu_only_install_keeps_the_cpu_torch(tmp_path, wheel):
+    """The README's CPU-only path: PyTorch's CPU wheels first (torch 2.14.1+cpu, torchvision
+    0.29.1+cpu), then the wheel with its dependencies. pip must keep both: nothing of torch,
+    torchvision or NVIDIA's libraries in what it would install (a dry run over the package
+    index; the CPU builds are stand-ins with the same names and versions)."""
+    readme = (SOURCE / "README.md").read_text()
+    pins = re.search(r"pip install torch==(\S+) torchvision==(\S+) --index-url \S+/whl/cpu",
+                     readme)
+    assert pins, "the README's CPU-only install line changed: update this test"
+    torch_version, vision_version = pins.groups()
+    venv.EnvBuilder(with_pip=_needs_own_pip()).create(tmp_path / "venv")
+    installer = _installer(tmp_path / "venv" / "bin" / "python")
+    stand_ins = [_stand_in_wheel(tmp_path, "torch", f"{torch_version}+cpu"),
+                 _stand_in_wheel(tmp_path, "torchvision", f"{vision_version}+cpu")]
+    subprocess.run([*installer, "install", "--no-deps", "--no-index", *map(str, stand_ins)],
+                   check=True)
+    report = tmp_path / "report.json"
+    subprocess.run([*installer, "install", "--dry-run", "--report", str(report), str(wheel)],
+                   check=True, timeout=600)
+    planned = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+               for item in json.loads(report.read_text())["install"]}
+    assert "flnotes" in planned
+    replaced = sorted(n for n in planned
+                      if n in ("torch", "torchvision") or n.startswith("nvidia-"))
+    assert not replaced, f"pip would replace the CPU torch: {replaced}"
