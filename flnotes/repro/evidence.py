@@ -46,6 +46,9 @@ STUDIES = {
                          "3-8 s a round on one loaded thread, 100 rounds a run"),
     "shakespeare-plays": Study("benchmarks/shakespeare_evidence.yaml", "shakespeare-plays.md",
                                "25-57 s a round on one loaded thread, 40 rounds a run"),
+    "flat-minima-cpu": Study("benchmarks/flat_minima_cpu.yaml", "flat-minima-cpu.md",
+                             "7-10 s a round on one loaded thread (twice that for two "
+                             "gradients a step), 200 rounds a run"),
     # CIFAR-10 from $FLNOTES_DATA, so that Fashion-MNIST may come from Debian's copy
     "fedup": Study("benchmarks/fedup_evidence.yaml", "fedup.md",
                    "2-4 s a round on one loaded thread, 150-200 rounds a run",
