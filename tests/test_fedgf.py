@@ -45,7 +45,7 @@ def test_server_perturbs_the_global_model_and_reads_c_from_its_window():
     start = {"w": torch.randn(2, 3, generator=g, dtype=dt), "b": torch.randn(3, generator=g,
              dtype=dt), "bn.running_mean": torch.zeros(3, dtype=dt)}
     config = RunConfig(algorithm="fedgf", gf_rho=0.1, gf_global_rho=0.4, gf_threshold=1.5,
-                       gf_window=2, weighting="uniform")
+                       gf_window=2, weighting="samples")
     strategy = FedGF(config, start)
     assert strategy.perturbed is None and strategy.c == 0.0
     flags = []
@@ -56,7 +56,13 @@ def test_server_perturbs_the_global_model_and_reads_c_from_its_window():
         drift = sum(torch.sqrt(sum(((prev[n] - s[n]) ** 2).sum() for n in ("w", "b")))
                     for s in states) / 3
         flags.append(float(drift > 1.5))
-        new = strategy.aggregate(r, [ClientResult(i, s, 5, 0.0) for i, s in enumerate(states)])
+        # unequal sizes: the mean model is weighted, the drift is not
+        sizes = (2, 5, 9)
+        new = strategy.aggregate(r, [ClientResult(i, s, k, 0.0) for i, (s, k)
+                                     in enumerate(zip(states, sizes, strict=True))])
+        mean = {n: sum(k * s[n] for s, k in zip(states, sizes, strict=True)) / 16
+                for n in ("w", "b")}
+        assert all(torch.allclose(new[n], mean[n], rtol=1e-12) for n in mean)
         assert strategy.c == pytest.approx(sum(flags[-2:]) / len(flags[-2:]))
         d = {n: prev[n] - new[n] for n in ("w", "b")}
         norm = torch.sqrt(sum((t ** 2).sum() for t in d.values()))
@@ -68,6 +74,11 @@ def test_server_perturbs_the_global_model_and_reads_c_from_its_window():
     assert FedGF(config.replace(gf_threshold=None, gf_c=0.7), start).c == 0.7
     same = perturbed_global(start, start, 0.4)
     assert all(torch.equal(same[k], start[k]) for k in start)
+    # The setting the rule for c does not read is named before the run.
+    assert "gf_c=0.5 is not read" in FedGF.config_warnings(config.replace(gf_c=0.5))[0]
+    assert "gf_window=5 is not read" in FedGF.config_warnings(
+        config.replace(gf_threshold=None, gf_window=5))[0]
+    assert FedGF.config_warnings(config) == []
 
 
 def gf_steps_by_hand(w, b, x, y, steps, *, target, c, rho, lr, momentum, wd):

@@ -29,14 +29,15 @@ equation number.
 
 Decisions (default first):
 
-1. c (``gf_threshold`` T_D, ``gf_window`` W, ``gf_c``). The code computes c as above, but
-   its parser gives T_D no default and its example script passes ``--c_o 0.2`` / ``0.3``,
-   an option the parser does not have. flnotes reads c_o as a fixed c: with ``gf_threshold``
-   unset (the default) c = ``gf_c`` = 0.3 in every round from round 2; with a threshold, c
-   is the code's windowed fraction (W = 30, the script's). The drift D^s is the L2 norm over
-   the trainable tensors (the code's flat parameter vector), the mean over the round's
-   clients, and the window includes the round just aggregated (the code appends before it
-   averages).
+1. c (``gf_threshold`` T_D, ``gf_window`` W, ``gf_c``). The code always computes c as
+   above (starting from c = 0), but its parser gives T_D no default (the comparison with
+   None fails) and its example script passes ``--c_o 0.2`` / ``0.3``, an option the parser
+   does not have; no version of the code runs as published. So the default is flnotes'
+   choice, not the authors': c_o read as a fixed c, c = ``gf_c`` = 0.3 in every round from
+   round 2 while ``gf_threshold`` is unset (c_o may as well have capped or scaled the
+   windowed c). With a threshold, c is the code's windowed fraction (W = 30, the script's).
+   The drift D^s is an unweighted mean over the round's clients of an L2 norm, and the
+   window includes the round just aggregated (the code appends before it averages).
 2. Round 1 has no perturbed global model: plain SAM steps (the code's ``perturb_parameters``
    is None until the first aggregation).
 3. w_p interpolates points, not offsets (``weighted_sum``: perturbed global times c plus the
@@ -49,8 +50,11 @@ Decisions (default first):
    FedSAM runs use on CIFAR-10 at high heterogeneity; rho_g (``gf_global_rho``) = rho unless
    set (the code: ``g_rho`` defaults to ``rho``). SAM's norm gets flnotes' FedSAM epsilon
    (the code adds 1e-16), so c = 0 equals FedSAM at the same rho bit for bit.
-6. Only trainable tensors are perturbed and interpolated; BatchNorm statistics stay w's.
-   The loss reported for a step is the one at w (FedSAM's).
+6. Only trainable tensors enter the drift, d, w~ and w_p; BatchNorm statistics stay w's.
+   The code's flat vectors are the whole state dict (FedLab's ``serialize_model``), buffers
+   included, and its ``set_model`` puts the running statistics back every step; the two
+   agree on models without BatchNorm (the code's CNN, flnotes' LeNet). The loss reported
+   for a step is the one at w (FedSAM's).
 7. Backends: the step needs the round's perturbed global model beside the batch's gradient,
    which the stacked two-pass SAM step does not take; clients train on the loop (said once).
 8. Not on Flower: w~ and c are server state the client-side strategy does not receive.
@@ -68,6 +72,9 @@ from flnotes.algorithms.base import ClientResult, Strategy
 from flnotes.algorithms.fedsam import ascent_offsets, sharpness_aware_gradient
 from flnotes.algorithms.scaffold import trainable_layer_names
 from flnotes.algorithms.settings import Setting
+
+DEFAULT_C = 0.3  # the example script's --c_o 0.3, read as a fixed c (decision 1)
+DEFAULT_WINDOW = 30  # the example script's --W 30
 
 
 def perturbed_global(previous, current, rho_g: float) -> OrderedDict[str, torch.Tensor]:
@@ -124,7 +131,7 @@ class FedGF(Strategy):
         Setting("gf_global_rho", None, "FedGF: radius rho_g of the perturbed global model "
                 "w + rho_g d/||d||", kind=float, minimum=0, none_means="gf_rho",
                 source="FedGF's code: g_rho defaults to rho"),
-        Setting("gf_c", 0.3, "FedGF: weight c of the perturbed global model in the step's "
+        Setting("gf_c", DEFAULT_C, "FedGF: weight c of the perturbed global model in the step's "
                 "gradient point, used while gf_threshold is unset (0: FedSAM)",
                 minimum=0, maximum=1, source="FedGF's example script (--c_o 0.2, 0.3), read "
                 "as a fixed c"),
@@ -132,12 +139,23 @@ class FedGF(Strategy):
                 "of the last gf_window rounds whose mean client drift exceeded it",
                 kind=float, minimum=0, none_means="c fixed at gf_c",
                 source="FedGF's code (calc_c; no default there)"),
-        Setting("gf_window", 30, "FedGF: rounds W of the window c is read from",
+        Setting("gf_window", DEFAULT_WINDOW, "FedGF: rounds W of the window c is read from",
                 minimum=1, source="FedGF's example script (W=30)"),
     )
     default_weighting = "samples"
     loop_reason = ("takes its gradient at a point between the SAM point and a perturbed "
                    "global model, which the stacked two-pass step does not compute")
+
+    @classmethod
+    def config_warnings(cls, config) -> list[str]:
+        """The setting that this run's rule for c does not read."""
+        if config.gf_threshold is not None and config.gf_c != DEFAULT_C:
+            return [f"gf_c={config.gf_c} is not read: with gf_threshold set, c is the share "
+                    "of the last gf_window rounds above it"]
+        if config.gf_threshold is None and config.gf_window != DEFAULT_WINDOW:
+            return [f"gf_window={config.gf_window} is not read: without gf_threshold, c is "
+                    "fixed at gf_c"]
+        return []
 
     def __init__(self, config, global_state) -> None:
         super().__init__(config, global_state)

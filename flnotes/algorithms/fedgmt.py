@@ -15,7 +15,7 @@ Round t, global model w^t, clients m in N_t with K local steps:
     w^(t+1)   = mean_m w_(m,K) + (1/M) sum over all M clients of d_m
 
 In the paper's notation the dual u_m = -d_m / beta, so the step is w - eta (g - u_m) and
-u_m <- u_m - (w_K - w^t) / beta (the ADMM update), and the server adds back beta u_m.
+u_m <- u_m - (w_K - w^t) / beta (the ADMM update), and the server adds -beta u_m.
 
 Where this comes from. The paper's text was not reachable from this workplace beyond its
 abstract (PMLR 267:35317) and a third-party summary of its update rule
@@ -30,14 +30,17 @@ Decisions (default first):
    client's d_m (the whole table, ``torch.mean(self.dual_variable_list, dim=0)``; clients
    not sampled keep their old d_m), as FedDyn's server does; the third-party summary writes
    the mean over the round's clients, 1/|N_t| sum (w_(m,K) - beta u_m). Default: "all" (the
-   code); "active" gives the summary's reading.
+   code); "active" gives the summary's reading, whose mean is uniform: pair it with
+   ``weighting="uniform"`` (the models' mean follows ``weighting``, the duals' is uniform).
 2. The mean of the local models: by client size (the code's ``aggregate_parameters`` with
    ``uploaded_weights`` = sample shares; ``weighting`` changes it).
 3. The EMA starts at the initial global model (the code deep-copies the same initial model)
    and is updated after each aggregation with the new global model, dual term included.
-   It averages trainable tensors; the teacher's BatchNorm statistics are the dispatched
-   model's (the code's EMA keeps its initial buffers: ``vector_to_param`` copies
-   ``parameters()`` only; flnotes' BatchNorm-free models do not tell them apart).
+   It averages trainable tensors. On a model with BatchNorm (flnotes' resnet18, resnet20,
+   vgg16) the teacher runs in eval mode with the dispatched model's running statistics,
+   which were not computed for the EMA's weights; the code's EMA model stays in train mode
+   and normalises each batch by its own statistics. The authors' models (a CNN without
+   normalisation, a GroupNorm ResNet) and flnotes' LeNet do not tell the two apart.
 4. The KL term is the code's ``KLDivLoss(reduction="batchmean")`` of the tempered log
    softmax against the EMA's tempered softmax, times gamma tau^2 (Hinton's scaling); the
    teacher runs in eval mode without gradients. A model with one output (the toy's per-row
