@@ -39,7 +39,7 @@ from flnotes.algorithms.fedexp import server_step_size  # noqa: E402
 from flnotes.config import RunConfig  # noqa: E402
 from flnotes.engine.backends import train_clients  # noqa: E402
 from flnotes.engine.sim import initial_state  # noqa: E402
-from flnotes.flower import CluSamp, FedExP, FedMR, FedMut, FedQP  # noqa: E402
+from flnotes.flower import CluSamp, FedCross, FedExP, FedMR, FedMut, FedQP  # noqa: E402
 from flnotes.flower.dropin import DROP_INS  # noqa: E402
 from flnotes.flower.inprocess import FIRST_NODE_ID, InProcessGrid, server_identity  # noqa: E402
 from flnotes.flower.records import flower_task, record_state, state_record  # noqa: E402
@@ -93,6 +93,7 @@ SAME = {
     "fedmr": ({"stage1_rounds": 1}, {"stage1_rounds": 1}),
     "fedexp": ({"fedexp_eps": 1e-4}, {"eps": 1e-4}),
     "clusamp": ({"weighting": "uniform"}, {"weighting": "uniform"}),
+    "fedcross": ({"cross_alpha": 0.7}, {"alpha": 0.7}),
 }
 
 
@@ -167,7 +168,8 @@ def run_plain(strategy, rounds: int = 3, grid=None, evaluate_fn=None):
                                       FedQP(seed=0, fraction_train=0.5),
                                       FedMR(seed=0, fraction_train=0.5),
                                       FedExP(seed=0, fraction_train=0.5),
-                                      CluSamp(seed=0, fraction_train=0.5)],
+                                      CluSamp(seed=0, fraction_train=0.5),
+                                      FedCross(seed=0, fraction_train=0.5)],
                          ids=lambda s: type(s).__name__)
 def test_each_drop_in_runs_with_a_plain_torch_clientapp(strategy):
     result, grid = run_plain(strategy)
@@ -179,15 +181,16 @@ def test_each_drop_in_runs_with_a_plain_torch_clientapp(strategy):
     assert sorted(result.evaluate_metrics_clientapp) == [1, 2, 3]  # FedAvg's evaluation
     assert all(0 <= m["eval_acc"] <= 1 for m in result.evaluate_metrics_clientapp.values())
     assert all(len(grid.sent[r]) == 3 for r in (1, 2, 3)) or type(strategy) is CluSamp
-    extra = {"FedExP": "server_step", "FedMR": "model_similarity", "CluSamp": "clusters"}
+    extra = {"FedExP": "server_step", "FedMR": "model_similarity", "CluSamp": "clusters",
+             "FedCross": "model_similarity"}
     if type(strategy).__name__ in extra:
         assert extra[type(strategy).__name__] in result.train_metrics_clientapp[3]
 
 
-@pytest.mark.parametrize("cls", [FedMut, FedQP, FedMR])
+@pytest.mark.parametrize("cls", [FedMut, FedQP, FedMR, FedCross])
 def test_each_sampled_client_is_sent_its_own_model(cls):
-    """FedMut's mutants and FedMR's recombinations: round 3's three models all differ
-    (FedMR from round 2 on, stage1_rounds=1)."""
+    """FedMut's mutants, FedMR's recombinations and FedCross's middleware models: round 3's
+    three models all differ (FedMR from round 2 on, stage1_rounds=1)."""
     arguments = {"stage1_rounds": 1} if cls is FedMR else {}
     _, grid = run_plain(cls(seed=0, fraction_train=0.5, **arguments))
     models = list(grid.sent[3].values())
@@ -226,8 +229,8 @@ class Changing(Recording):
 
 
 @pytest.mark.parametrize("cls, arguments", [(FedMut, {}), (FedMR, {"stage1_rounds": 1}),
-                                            (CluSamp, {})],
-                         ids=["FedMut", "FedMR", "CluSamp"])
+                                            (CluSamp, {}), (FedCross, {})],
+                         ids=["FedMut", "FedMR", "CluSamp", "FedCross"])
 def test_nodes_that_join_later_are_sampled(cls, arguments):
     """Nodes 3, 4, 5 connect after round 1; node 0 leaves after round 2. K = 2 (3 nodes at
     round 1, min_train_nodes=2)."""
@@ -263,7 +266,7 @@ def same_values(a, b) -> bool:
 
 
 RESUMED = [(FedMut, {}), (FedQP, {}), (FedMR, {"stage1_rounds": 1}), (FedExP, {}),
-           (CluSamp, {})]
+           (CluSamp, {}), (FedCross, {})]
 
 
 @pytest.mark.parametrize("cls, arguments", RESUMED, ids=[c.__name__ for c, _ in RESUMED])

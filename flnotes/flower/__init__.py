@@ -12,9 +12,10 @@ implementation of them:
 - :mod:`.records`: states <-> ``ArrayRecord``, Flower's run config -> ``RunConfig``;
 - :mod:`.inprocess`: an in-process ``Grid`` that hands each message to the ClientApp in
   the same process (tests and teaching; no Ray, no network);
-- :mod:`.dropin`: :class:`FedMut`, :class:`FedQP`, :class:`FedMR`, :class:`FedExP` and
-  :class:`CluSamp`, Flower ``FedAvg`` strategies for any ClientApp and model (the user's own
-  data and training), whose rounds are flnotes' strategies over the ArrayRecords.
+- :mod:`.dropin`: :class:`FedMut`, :class:`FedQP`, :class:`FedMR`, :class:`FedExP`,
+  :class:`CluSamp` and :class:`FedCross`, Flower ``FedAvg`` strategies for any ClientApp and
+  model (the user's own data and training), whose rounds are flnotes' strategies over the
+  ArrayRecords.
 
 How a round travels: the server samples clients as the engine does, from the stream
 (seed, "sample", round) or the strategy's ``select_clients``; each flnotes client index is a
@@ -49,9 +50,10 @@ except ImportError:  # one line, the fix in it (not a traceback from deep inside
     raise ImportError("flnotes.flower needs Flower: pip install 'flnotes[flower]'") from None
 
 from flnotes.flower.client import client_app
-from flnotes.flower.dropin import CluSamp, FedExP, FedMR, FedMut, FedQP
+from flnotes.flower.dropin import CluSamp, FedCross, FedExP, FedMR, FedMut, FedQP
 from flnotes.flower.records import SUPPORTED, check_supported, config_from_run_config
 from flnotes.flower.server import FlowerStrategy, server_app
 
-__all__ = ["SUPPORTED", "CluSamp", "FedExP", "FedMR", "FedMut", "FedQP", "FlowerStrategy",
-           "check_supported", "client_app", "config_from_run_config", "server_app"]
+__all__ = ["SUPPORTED", "CluSamp", "FedCross", "FedExP", "FedMR", "FedMut", "FedQP",
+           "FlowerStrategy", "check_supported", "client_app", "config_from_run_config",
+           "server_app"]

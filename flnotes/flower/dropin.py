@@ -1,4 +1,5 @@
-"""Drop-in Flower strategies: FedMut, FedQP, FedMR, FedExP and CluSamp for any ClientApp.
+"""Drop-in Flower strategies: FedMut, FedQP, FedMR, FedExP, CluSamp and FedCross for any
+ClientApp.
 
 :class:`~flnotes.flower.FlowerStrategy` runs a whole flnotes config (its data, model,
 ClientApp and server-side test set). These classes need none of that: each is Flower's own
@@ -11,20 +12,21 @@ ClientApp and server-side test set). These classes need none of that: each is Fl
 
 The server side is flnotes' own strategy object (:mod:`flnotes.algorithms`: FedMut's
 ``sign_mutations``, FedQP's ``project_mutants``, FedMR's ``recombine``, FedExP's
-``server_step_size``, CluSamp's clustering), built at round 1 around the ``initial_arrays``
-given to ``start``; nothing of a method is written twice. Per round:
+``server_step_size``, CluSamp's clustering, FedCross's ``cross_aggregate``), built at round
+1 around the ``initial_arrays`` given to ``start``; nothing of a method is written twice.
+Per round:
 
 - ``configure_train``: the method picks the clients (CluSamp's ``select_clients``, or the
   engine's seeded uniform sampling: ``sample_clients`` with (seed, "sample", round)) and
   the model each starts from (``dispatch``: a mutant, a recombined model, FedExP's
-  extrapolated iterate); each sampled node gets its own train message, ``arrays`` its start
-  model and ``config`` the ``train_config`` of ``start`` plus ``server-round``, as
-  FedAvg's;
+  extrapolated iterate, a FedCross middleware model); each sampled node gets its own train
+  message, ``arrays`` its start model and ``config`` the ``train_config`` of ``start`` plus
+  ``server-round``, as FedAvg's;
 - ``aggregate_train``: the replies (one ArrayRecord and one MetricRecord each, as FedAvg
   checks) become the method's ``aggregate``; the returned ArrayRecord is the method's global
   model (FedExP: the mean of its last two iterates); the MetricRecord is FedAvg's weighted
   mean of the clients' metrics plus the method's round metrics (FedExP ``server_step``,
-  FedMR ``model_similarity``, CluSamp ``clusters``).
+  FedMR and FedCross ``model_similarity``, CluSamp ``clusters``).
 
 Evaluation (``configure_evaluate``, ``aggregate_evaluate``, ``evaluate_fn``) is FedAvg's.
 
@@ -39,7 +41,8 @@ Where Flower and the engine differ, and what is decided here:
   fixed set of nodes a run samples exactly as ``flnotes.run`` does, and with the same nodes
   joining at the same rounds it samples the same clients again. The round's sample size is
   FedAvg's, ``max(int(N * fraction_train), min_train_nodes)`` with N the nodes at round 1,
-  kept as the method's K (FedMR recombines K models each round), and no more than the
+  kept as the method's K (FedMR recombines K models each round, FedCross keeps K
+  middleware models), and no more than the
   clients connected. Exception, CluSamp: its clustering holds a row per client of a fixed
   population, so its federation stays the nodes of round 1; a node that joins later is not
   drawn, and a node that left can still be drawn (its failed reply is left out).
@@ -47,12 +50,12 @@ Where Flower and the engine differ, and what is decided here:
   projections, FedMR's permutations, CluSamp's draws): two runs with the same seed, nodes
   and replies send the same models. With the same seed, clients and local training, a
   drop-in gives ``flnotes.run``'s global model (``tests/test_flower_dropin.py``).
-- Weights: ``weighting`` is the method's default (``uniform`` for FedMut, FedQP and FedMR,
-  as their official code; ``samples`` for FedExP and CluSamp), ``samples`` reading each
+- Weights: ``weighting`` is the method's default (``uniform`` for FedMut, FedQP, FedMR and
+  FedCross, as their official code; ``samples`` for FedExP and CluSamp), ``samples`` reading each
   reply's ``weighted_by_key`` metric (``num-examples``).
 - Failed replies are logged and left out, as FedAvg does; the method aggregates the rest.
-  FedMR recombines the models it got, so after a failure its next round samples as many
-  clients as it holds models.
+  FedMR recombines the models it got (FedCross fuses them), so after a failure its next
+  round samples as many clients as it holds models.
 - CluSamp's importance needs every client's sample count, which Flower's server learns only
   from replies: a client not heard from yet counts as the mean of those heard from (1
   before any reply). With ``weighting="uniform"`` no counts are needed.
@@ -517,7 +520,36 @@ class FedQP(DropInStrategy):
                          evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
-class FedMR(DropInStrategy):
+class _OneModelPerClient(DropInStrategy):
+    """A method that keeps one model per client of the last round and sends each client one
+    of them (FedMR's local models, FedCross's middleware models): it samples as many clients
+    as it holds models, which after a failed reply are fewer than K, and with fewer nodes
+    connected than models it cuts the models to one per client (the first ones kept), as a
+    failed reply would leave them."""
+
+    kept = ""  # the flnotes strategy's attribute holding the models, one per client
+
+    def _keeps(self, server_round: int) -> bool:
+        """Whether this round's clients start from the kept models."""
+        return bool(getattr(self.strategy, self.kept))
+
+    def _sample_size(self, server_round: int) -> int:
+        """K; after a failed reply, as many clients as there are models kept."""
+        kept = getattr(self.strategy, self.kept)
+        if self._keeps(server_round) and len(kept) < self.clients_per_round:
+            return len(kept)
+        return self.clients_per_round
+
+    def _select(self, server_round: int, available: list[int]) -> list[int]:
+        """K clients; the kept models cut to one per client when fewer are connected."""
+        clients = super()._select(server_round, available)
+        kept = getattr(self.strategy, self.kept)
+        if self._keeps(server_round) and len(clients) < len(kept):
+            setattr(self.strategy, self.kept, kept[:len(clients)])
+        return clients
+
+
+class FedMR(_OneModelPerClient):
     """FedMR (Hu et al., KDD 2024): the last round's local models, every layer (or every
     one of ``segments`` groups of layers) shuffled across them, one recombined model per
     client; the reported global model is their mean. ``stage1_rounds`` rounds of plain
@@ -549,21 +581,11 @@ class FedMR(DropInStrategy):
                          train_metrics_aggr_fn=train_metrics_aggr_fn,
                          evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
-    def _sample_size(self, server_round: int) -> int:
-        """K; after a failed reply, as many clients as there are models to recombine."""
-        kept = len(self.strategy.local_states)
-        if self.strategy.recombining(server_round) and kept < self.clients_per_round:
-            return kept
-        return self.clients_per_round
+    kept = "local_states"
 
-    def _select(self, server_round: int, available: list[int]) -> list[int]:
-        """K clients; with fewer nodes connected than models to recombine, the models are
-        cut to one per client (the first ones kept), as a failed reply would leave them."""
-        clients = super()._select(server_round, available)
-        kept = self.strategy.local_states
-        if self.strategy.recombining(server_round) and len(clients) < len(kept):
-            self.strategy.local_states = kept[:len(clients)]
-        return clients
+    def _keeps(self, server_round: int) -> bool:
+        """Its local models are recombined from stage 2 on."""
+        return self.strategy.recombining(server_round)
 
 
 class FedExP(DropInStrategy):
@@ -641,7 +663,43 @@ class CluSamp(DropInStrategy):
                          evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
-DROP_INS = {cls.method: cls for cls in (FedMut, FedQP, FedMR, FedExP, CluSamp)}
+class FedCross(_OneModelPerClient):
+    """FedCross (Hu et al., ICDE 2024): K middleware models, one per sampled client; after
+    local training each upload is fused with a collaborator chosen among the others
+    (``selection``: lowest-similarity by default), w_i = alpha v_i + (1 - alpha) v_co; the
+    reported global model is their mean. Round 1 sends the initial model to all."""
 
-__all__ = ["DROP_INS", "FEDAVG_ARGUMENTS", "CluSamp", "DropInStrategy", "FedExP", "FedMR",
-           "FedMut", "FedQP"]
+    method = "fedcross"
+    renamed = {"alpha": "cross_alpha", "selection": "cross_selection"}
+
+    def __init__(self, *, alpha: float = _default("fedcross", "cross_alpha"),
+                 selection: str = _default("fedcross", "cross_selection"), seed: int = 0,
+                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
+                 fraction_train: float = _fedavg("fraction_train"),
+                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
+                 min_train_nodes: int = _fedavg("min_train_nodes"),
+                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
+                 min_available_nodes: int = _fedavg("min_available_nodes"),
+                 weighted_by_key: str = _fedavg("weighted_by_key"),
+                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
+                 configrecord_key: str = _fedavg("configrecord_key"),
+                 train_metrics_aggr_fn: MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
+        super().__init__(dict(cross_alpha=alpha, cross_selection=selection),
+                         seed=seed, weighting=weighting,
+                         state_file=state_file, fraction_train=fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+
+    kept = "middleware"
+
+
+DROP_INS = {cls.method: cls for cls in (FedMut, FedQP, FedMR, FedExP, CluSamp, FedCross)}
+
+__all__ = ["DROP_INS", "FEDAVG_ARGUMENTS", "CluSamp", "DropInStrategy", "FedCross", "FedExP",
+           "FedMR", "FedMut", "FedQP"]
