@@ -21,6 +21,9 @@ from flnotes.cli.main import main
 from flnotes.config import RunConfig
 from flnotes.engine import client_state, run_folder, sim
 from flnotes.engine.seeds import run_seeds
+from flnotes.flower import FlowerStrategy
+from flnotes.flower.dropin import FedMut as DropInFedMut
+from flnotes.flower.records import config_from_run_config
 
 TINY = ["--num-clients", "4", "--clients-per-round", "2", "--rounds", "2", "--data-option",
         "num_train=400", "--data-option", "num_test=100", "--device", "cpu", "--backend", "loop"]
@@ -247,6 +250,19 @@ FOLDER_CASES += [
     ("partition manifest a list", lambda t, c: ((t / "m.json").write_text("[1, 2]"),
                                                 run_argv("--partition-manifest",
                                                          str(t / "m.json")))[-1]),
+    ("logger-dir under a file", lambda t, c: ((t / "file").write_text("x"),
+                                              run_argv("--logger", "tensorboard", "--logger-dir",
+                                                       str(t / "file" / "logs")))[-1]),
+    ("sweep --dry-run logger-dir under a file",
+     lambda t, c: ((t / "file").write_text("x"),
+                   ["sweep", "fml_table1", "--smoke", "--dry-run", "--logger", "tensorboard",
+                    "--logger-dir", str(t / "file" / "logs")])[-1]),
+    ("sweep --dry-run logger-dir empty",
+     lambda t, c: ["sweep", "fml_table1", "--smoke", "--dry-run", "--logger", "tensorboard",
+                   "--logger-dir", ""]),
+    ("sweep logger-dir empty",
+     lambda t, c: ["sweep", "fml_table1", "--smoke", "--out", str(t / "out"), "--logger",
+                   "tensorboard", "--logger-dir", ""]),
 ]
 
 
@@ -327,6 +343,10 @@ API_CASES = [
     ("RunConfig mu negative", lambda: RunConfig(algorithm="fedprox", mu=-1.0)),
     ("run with run_dir empty (replace)", lambda: sim.run(_tiny().replace(run_dir=""),
                                                           progress=False)),
+    *[(f"Flower timeout {value!r}", lambda value=value: FlowerStrategy(_tiny(), timeout=value))
+      for value in (-1, 0, float("nan"), float("inf"), "soon", True)],
+    ("Flower run config timeout -1", lambda: config_from_run_config({"timeout": -1})),
+    ("drop-in start timeout -1", lambda: DropInFedMut().start(None, None, timeout=-1)),
 ]
 
 

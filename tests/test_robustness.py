@@ -4,9 +4,15 @@ what was written is whole (no half file for a later call to take as a finished o
 import errno
 import fcntl
 import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+import flnotes
 from flnotes.cli.main import main
 from flnotes.repro import notebooks
 
@@ -136,3 +142,19 @@ def test_a_lock_taken_on_a_file_just_removed_is_taken_again_on_the_new_one(tmp_p
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     run_folder.unlock_file(held)
     assert not path.exists() and held.closed
+
+
+def test_done_in_counts_the_start_up_the_user_waited_for(tmp_path):
+    """'done in X s' of `python -m flnotes ...` is the whole wait, the interpreter's start and
+    the imports (torch's: most of a short command) included, not the command's work alone."""
+    env = {k: v for k, v in os.environ.items() if k != "FLNOTES_TRACEBACK"}
+    env.update(OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(Path(flnotes.__file__).parents[1]),
+                                           env.get("PYTHONPATH", "")]))
+    tic = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "flnotes", "methods"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    wall = time.perf_counter() - tic
+    assert done.returncode == 0, done.stderr
+    took = float(re.search(r"done in ([\d.]+) s", done.stdout).group(1))
+    assert 0.5 * wall <= took <= wall + 0.1, (took, wall)

@@ -180,3 +180,20 @@ def test_a_partial_run_counts_only_where_no_completed_one_exists(tmp_path, capsy
     write_run(tmp_path / "d", CONFIG, [40.0] * 5, when=OLD)
     (run,) = figures.load_runs(tmp_path)
     assert run.run_dir == str(newest)
+
+
+def test_a_completed_run_with_an_empty_metrics_file_is_named_not_counted(tmp_path, capsys):
+    """A completed run always wrote its rounds: one whose metrics.jsonl is empty was emptied
+    or damaged, so it is left out with a line naming it (it was a 'run' cell of 0 rounds),
+    and a partial run of the same setting counts in its place."""
+    emptied = write_run(tmp_path / "a", CONFIG, [50.0] * 5)
+    (emptied / "metrics.jsonl").write_text("")
+    partial = write_run(tmp_path / "b", CONFIG, [30.0] * 3, status="interrupted", when=OLD)
+    out, err = tables_output(tmp_path, capsys)
+    assert f"skipping run folder {emptied}: it says completed but its metrics.jsonl" in err
+    assert any("dir=0.1" in x and "47.93 / 30.00~*" in x for x in out.splitlines())
+    (run,) = figures.load_runs(tmp_path)
+    assert run.run_dir == str(partial)
+    (partial / "metrics.jsonl").unlink()
+    (partial / "run.json").unlink()
+    assert tables.collect_runs(tmp_path).empty

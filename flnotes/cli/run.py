@@ -52,11 +52,11 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     if logger_dir is not None and not loggers:  # else silently not used (as sweep says)
         raise ValueError("--logger-dir says where --logger writes: add --logger tensorboard "
                          "(or mlflow)")
-    if logger_dir is not None and (not str(logger_dir).strip() or "\0" in str(logger_dir)):
-        raise ValueError(f"--logger-dir {str(logger_dir)!r:.80} is not a folder's name; name "
-                         "one, or leave the flag out to log into the run folder")
-    from flnotes.engine.tracking import check_installed
+    from flnotes.engine.tracking import check_installed, logger_dir_problem
 
+    problem = logger_dir_problem(logger_dir)
+    if problem:
+        raise ValueError(problem)
     check_installed(loggers or [])  # before any data is loaded
     config.check_device()  # before any data is loaded
     if seeds:

@@ -339,6 +339,25 @@ def environment_loggers() -> list[str]:
     return parse_loggers([value]) if value else []
 
 
+def logger_dir_problem(logger_dir: str | Path | None) -> str | None:
+    """Why ``logger_dir`` cannot hold the loggers' files, in one line (None: it can, or it
+    is not given): an empty name, a NUL byte, or a file where it or a folder above it
+    should be."""
+    if logger_dir is None:
+        return None
+    text = str(logger_dir)
+    if not text.strip() or "\0" in text:
+        return (f"--logger-dir {text!r:.80} is not a folder's name; name one, or leave the "
+                "flag out to log beside the runs")
+    path = Path(text).expanduser().absolute()
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                return f"--logger-dir {text}: {folder} is a file, not a folder"
+            break
+    return None
+
+
 def logger_environment(loggers: Iterable[str], logger_dir: str, base: str) -> dict[str, str]:
     """The variables that make every run of a process (a sweep's kernel) log: ``loggers``
     into ``logger_dir``, each run named by its path below ``base``."""

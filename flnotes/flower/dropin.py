@@ -94,7 +94,7 @@ from flnotes.algorithms.base import ClientResult
 from flnotes.config import RunConfig
 from flnotes.engine.client_state import write_atomically
 from flnotes.engine.sim import sample_clients
-from flnotes.flower.records import record_state, state_record
+from flnotes.flower.records import check_timeout, record_state, state_record
 from flnotes.messages import did_you_mean
 from flnotes.rng import torch_generator
 
@@ -219,6 +219,7 @@ class DropInStrategy(FedAvg):
         rewritten whole after each round (a temporary file renamed over it), so a run killed
         at any moment leaves the last finished round's state. Delete it to start over.
         """
+        timeout = check_timeout(timeout)
         self.resumed_round = 0
         if self.state_file is not None:
             if not self.state_file.parent.is_dir():

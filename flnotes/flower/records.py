@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -56,6 +57,19 @@ def check_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_timeout(timeout) -> float:
+    """``timeout`` as seconds: a positive finite number (Flower would wait forever on a
+    negative or NaN one, or give up at once at 0), else a one-line ValueError."""
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(timeout, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"timeout {timeout!r} is not a number of seconds; give a positive "
+                         "number (how long to wait for nodes and replies)")
+    return seconds
+
+
 def config_from_run_config(values: Mapping) -> tuple[RunConfig, dict]:
     """(RunConfig, app settings) from Flower's run config.
 
@@ -82,6 +96,8 @@ def config_from_run_config(values: Mapping) -> tuple[RunConfig, dict]:
     run_config = RunConfig.from_dict(config)
     check_supported(run_config.algorithm)
     check_dtype(app.get("dtype", "float32"))
+    if "timeout" in app:
+        app["timeout"] = check_timeout(app["timeout"])
     return run_config, app
 
 

@@ -36,6 +36,7 @@ from flnotes.engine.sim import Simulation, settings_hash
 from flnotes.flower.records import (
     check_dtype,
     check_supported,
+    check_timeout,
     config_from_run_config,
     flower_task,
     record_state,
@@ -56,6 +57,7 @@ class FlowerStrategy(FlwrStrategy):
                  timeout: float = 600.0) -> None:
         check_supported(config.algorithm)
         check_dtype(dtype)
+        timeout = check_timeout(timeout)  # before the run folder is taken
         config = config.resolved()
         self.sim = Simulation(config, task=task if task is not None else
                               flower_task(config, dtype))
@@ -69,7 +71,7 @@ class FlowerStrategy(FlwrStrategy):
             self.sim.strategy.round_metrics = lambda task: {}
         self.config = config
         self.dtype = dtype
-        self.timeout = float(timeout)
+        self.timeout = timeout
         self.settings_hash = settings_hash(config)
         self.node_of: dict[int, int] | None = None  # flnotes client -> Flower node id
         self._round: tuple | None = None  # (round, clients, starts, start time)
@@ -244,7 +246,7 @@ def server_app(config: RunConfig | None = None, *, dtype: str | None = None, tas
             run_config, settings = config_from_run_config(context.run_config)
         strategy = FlowerStrategy(run_config, task=task,
                                   dtype=dtype or settings.get("dtype", "float32"),
-                                  timeout=float(settings.get("timeout", 600.0)))
+                                  timeout=settings.get("timeout", 600.0))
         history = strategy.run(grid)
         if on_finish is not None:
             on_finish(history)

@@ -39,7 +39,7 @@ from flnotes.config.yaml_text import read_yaml
 from flnotes.engine.client_state import write_atomically
 from flnotes.engine.run_folder import NO_SPACE, disk_full, lock_file, unlock_file
 from flnotes.engine.stops import send_nowhere
-from flnotes.engine.tracking import logger_environment, prepare_store
+from flnotes.engine.tracking import logger_dir_problem, logger_environment, prepare_store
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import (
@@ -329,6 +329,9 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     out = Path(out_dir or Path("runs") / "sweeps" / f"{grid.name}-{grid.variant}").resolve()
     if out.exists() and not out.is_dir():
         raise ValueError(f"sweep output {out} is a file, not a folder; choose another --out")
+    problem = logger_dir_problem(logger_dir) if loggers else None  # "": not "beside the runs"
+    if problem:
+        raise GridError(problem)
     out.mkdir(parents=True, exist_ok=True)
     cells = select_cells(grid, only)
     meta = {"grid": grid.name, "grid_file": str(grid.path), "variant": grid.variant,
@@ -337,7 +340,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
         meta["force"] = True
     if loggers:
         meta["loggers"] = list(loggers)
-        meta["logger_dir"] = str(Path(logger_dir or out).resolve())
+        meta["logger_dir"] = str(Path(out if logger_dir is None else logger_dir).resolve())
         meta["logger_base"] = str(out)  # runs are named by their path below it
         prepare_store(loggers, meta["logger_dir"])  # before the workers share it
     renamed = adopt_renamed(out, grid.cells)
@@ -729,6 +732,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.logger_dir is not None and not loggers:
         raise GridError("--logger-dir says where --logger writes: add --logger tensorboard "
                         "(or mlflow)")
+    problem = logger_dir_problem(args.logger_dir)  # checked by --dry-run too
+    if problem:
+        raise GridError(problem)
     grid = load_grid(args.grid, smoke=args.smoke, overrides=overrides,
                      stack_seeds=getattr(args, "stack_seeds", None))
     cells = select_cells(grid, args.only)

@@ -223,6 +223,12 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
             print(f"warning: skipping run folder {run_dir}: {' '.join(str(err).split())}",
                   file=sys.stderr)
             continue
+        if not records and meta.get("status") == "completed":
+            # A completed run always wrote its rounds: an empty file was emptied or lost.
+            print(f"warning: skipping run folder {run_dir}: it says completed but its "
+                  "metrics.jsonl holds no round (emptied or damaged); run it again",
+                  file=sys.stderr)
+            continue
         acc = run_metrics([100 * r["accuracy"] for r in records if "accuracy" in r])
         personal = run_metrics([100 * r["personal_accuracy"] for r in records
                                 if "personal_accuracy" in r])
