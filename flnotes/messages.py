@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import sys
 import threading
 import warnings
@@ -23,6 +24,31 @@ def did_you_mean(name: str, known) -> str:
     """" (did you mean 'x'?)" naming the closest of ``known`` to a mistyped name, else ""."""
     close = difflib.get_close_matches(str(name), [str(k) for k in known], n=2, cutoff=0.6)
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+# What an OSError means for the path the user gave, in words (the errno's text follows).
+OS_MEANINGS = {
+    errno.EACCES: "no permission to write there; choose a folder you can write to",
+    errno.EPERM: "not permitted there; choose a folder you can write to",
+    errno.EROFS: "the file system is read-only; choose a folder on another one",
+    errno.ENOTDIR: "a part of that path is a file, not a folder",
+    errno.EISDIR: "that is a folder, where a file was expected",
+    errno.ENOSPC: "the disk is full; free some space and run the same command again",
+    errno.EDQUOT: "the disk quota is used up; free some space and run the same command again",
+    errno.ENAMETOOLONG: "the name is too long for the file system",
+    errno.ELOOP: "the path loops through symbolic links",
+}
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an OSError met on a path: which path, what that means, the system's
+    words ("cannot use /data/nb: no permission to write there; ... (Permission denied)")."""
+    words = err.strerror or str(err)
+    meaning = OS_MEANINGS.get(err.errno)
+    if not err.filename:
+        return f"{meaning} ({words})" if meaning else words
+    return f"cannot use {err.filename}: {meaning} ({words})" if meaning else \
+        f"cannot use {err.filename}: {words}"
 
 
 _EXPECTING = threading.local()  # .depth: how many expecting_fallbacks blocks this thread is in

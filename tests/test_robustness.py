@@ -64,7 +64,19 @@ def test_notebooks_into_an_unwritable_folder_names_the_destination(tmp_path, cap
     monkeypatch.setattr(notebooks, "write_atomically", refused)
     assert main(["notebooks", str(tmp_path / "nb")]) == 2
     line = _error_line(capsys)
-    assert line.startswith("error: Permission denied: " + str(tmp_path / "nb")), line
+    assert line.startswith(f"error: cannot use {tmp_path / 'nb'}"), line
+    assert line.endswith(": no permission to write there; choose a folder you can write to "
+                         "(Permission denied)"), line
+
+
+def test_a_destination_under_a_file_says_so(tmp_path, capsys):
+    """demo --out and sweep --out under a file: the path, and that a part of it is a file
+    (the system's bare 'Not a directory: PATH' before)."""
+    (tmp_path / "file").write_text("x")
+    assert main(["demo", "--quick", "--out", str(tmp_path / "file" / "demo")]) == 2
+    line = _error_line(capsys)
+    assert f"cannot use {tmp_path / 'file'}" in line, line
+    assert "a part of that path is a file, not a folder (Not a directory)" in line
 
 
 # ---- small ones: flags that did nothing, empty paths, a resume line, a huge size -----------

@@ -36,7 +36,7 @@ from flnotes.config import (
     model_names,
 )
 from flnotes.config.yaml_text import DuplicateKey, read_yaml
-from flnotes.messages import did_you_mean
+from flnotes.messages import did_you_mean, os_error_line
 
 DESCRIPTION = """\
 Federated-learning methods to run, study and compare with their papers. Commands: run
@@ -567,8 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         send_nowhere()
         return 0
     except OSError as err:  # a folder that cannot be written, a disk that is full, ...
-        where = f": {err.filename}" if err.filename else ""
-        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
         print("interrupted", file=sys.stderr)
