@@ -266,6 +266,9 @@ def test_a_cell_whose_worker_dies_is_retried_and_resumes_a_notebook_error_is_not
                   for case, f in folder.items()}
     assert executions == {"once": 2, "twice": 2, "broken": 1}
     assert (folder["once"] / "resumed.txt").read_text() == "round 3"
+    # the retried cell says it took two tries, and what the first one left
+    once = json.loads((folder["once"] / "cell.json").read_text())
+    assert once["attempt"] == 2 and [a["status"] for a in once["earlier_attempts"]] == ["running"]
     error = dict(zip(summary["case"], summary["error"], strict=True))
     assert error["twice"].startswith("Ray task died before recording the cell")
     assert "boom at x=3" in error["broken"]
