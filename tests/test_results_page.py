@@ -11,7 +11,7 @@ import pytest
 from flnotes.cli.main import main as cli_main
 from flnotes.repro import results_page
 from flnotes.repro.evidence import STUDIES as STUDY_NAMES
-from flnotes.repro.figures import load_runs
+from flnotes.repro.figures import Run, load_runs
 
 ROUNDS = 200
 # accuracy of (setting, method, seed) at round r: 0.2 + r/1000 + seed/200 + OFFSET
@@ -418,3 +418,15 @@ def test_a_diverged_run_is_named_wherever_its_claim_is_read(results, capsys):
     claims = tables.readings(tables.one_per_run(tables.collect_runs(results)))
     assert [c for c in claims if "FedQP" in c and "dir=0.1" in c] == qp
     assert not any("diverged" in c for c in claims if "FedQP" not in c or "iid" in c)
+
+
+def test_a_panel_names_the_model_its_runs_trained_where_the_label_names_another():
+    """The tables' "CNN" row of the seed code is its LeNet: the panel says which model ran."""
+    def runs(model):
+        return {"FedAvg": [Run({}, {"model": model}, 0, "completed", [], "r", None)]}
+
+    setting = ("CIFAR-10", "CNN", "dir=0.1")
+    assert results_page.panel_title(setting, runs("lenet-cifar")) == \
+        "CIFAR-10, CNN (model lenet-cifar), dir=0.1"
+    assert results_page.panel_title(setting, runs("cnn")) == "CIFAR-10, CNN, dir=0.1"
+    assert results_page.panel_title(setting, {"FedAvg": []}) == "CIFAR-10, CNN, dir=0.1"

@@ -216,6 +216,20 @@ def convergence(groups: dict[tuple, dict[str, list[Run]]], window: int = 50) -> 
     return out
 
 
+def panel_title(setting: tuple, by_method: dict[str, list[Run]]) -> str:
+    """A panel's setting, with the model its runs trained where the label names another
+    (the tables' "CNN" row holds the seed code's LeNet: "CIFAR-10, CNN (model lenet-cifar),
+    dir=0.1")."""
+    models = sorted({str(r.config.get("model")) for runs in by_method.values() for r in runs
+                     if r.config.get("model")})
+    parts = [str(p) for p in setting]
+    if models and not any(m.lower() == p.lower() for m in models for p in parts):
+        named = f" (model {', '.join(models)})"
+        at = 2 if len(parts) > 2 else len(parts)  # after dataset and model label
+        parts[at - 1] += named
+    return ", ".join(parts)
+
+
 def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """One panel per setting: mean accuracy over seeds per method, band lowest-highest.
     Drawn with the current backend (a notebook's inline one; the command sets Agg)."""
@@ -244,7 +258,7 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
                 x, mean, _, _ = mean_band(personal)
                 ax.plot(x, mean, lw=1.6, ls=":", color=line.get_color(),
                         label=f"{method} personal models")
-        ax.set_title(", ".join(setting), fontsize=10)
+        ax.set_title(panel_title(setting, groups[setting]), fontsize=10)
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
