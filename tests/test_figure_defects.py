@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgba_array  # noqa: E402
 
 from flnotes import plots as shared_plots  # noqa: E402
+from flnotes.flatness import plots as flatness_plots  # noqa: E402
 from flnotes.repro import figures  # noqa: E402
 from flnotes.toy import landscapes  # noqa: E402
 from flnotes.toy import plots as toy_plots  # noqa: E402
@@ -282,6 +283,18 @@ def test_toy_slices_differ_beyond_colour():
     fig = toy_plots.plot_slices({"global": fed.global_loss, "client 0": fed.clients[0]},
                                 (-2.0, -1.0), (2.0, -1.0))
     _differ_beyond_colour(fig.axes[0].get_lines())
+
+
+def test_flatness_slices_and_paths_differ_beyond_colour():
+    """Notebook 21's per-method slices and interpolation paths: one style per method."""
+    line = {"alphas": np.linspace(-1, 1, 5), "loss": np.linspace(1, 2, 5),
+            "accuracy": np.linspace(0.5, 0.6, 5)}
+    fig = flatness_plots.plot_slices({"FedAvg": line, "FedMut": line, "FedQP": line})
+    _differ_beyond_colour(fig.axes[0].get_lines()[:3])
+    path = {"t": np.linspace(0, 1, 5), "loss": np.linspace(1, 2, 5),
+            "accuracy": np.linspace(0.5, 0.6, 5)}
+    fig = flatness_plots.plot_interpolation({"FedAvg": path, "FedMut": path, "FedQP": path})
+    _differ_beyond_colour(fig.axes[0].get_lines()[:3])
 
 
 def test_notebook_03_says_its_flat_and_sharp_labels_are_places_not_curvature():

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from flnotes.plots import line_style
+
 
 def _np(t) -> np.ndarray:
     return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
@@ -23,9 +25,10 @@ def _np(t) -> np.ndarray:
 def plot_slices(slices: Mapping[str, dict], title: str | None = None) -> Figure:
     """Loss and accuracy along a 1-D filter-normalised slice, one line per model."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, sl in slices.items():
-        axes[0].plot(_np(sl["alphas"]), _np(sl["loss"]), marker="o", ms=3, label=name)
-        axes[1].plot(_np(sl["alphas"]), _np(sl["accuracy"]), marker="o", ms=3, label=name)
+    for i, (name, sl) in enumerate(slices.items()):  # colour, dash and marker per model
+        axes[0].plot(_np(sl["alphas"]), _np(sl["loss"]), ms=3, label=name, **line_style(i))
+        axes[1].plot(_np(sl["alphas"]), _np(sl["accuracy"]), ms=3, label=name,
+                     **line_style(i))
     axes[0].set_yscale("log")  # losses of different models differ by orders of magnitude
     for ax, label in zip(axes, ("loss", "accuracy"), strict=True):
         ax.set_xlabel("step along the direction (a)")
@@ -139,9 +142,9 @@ def plot_interpolation(paths: Mapping[str, dict], labels: Sequence[str] = ("A", 
                        title: str | None = None) -> Figure:
     """Loss and accuracy along (1 - t) A + t B for one or more pairs (t = 0: A, t = 1: B)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, path in paths.items():
+    for i, (name, path) in enumerate(paths.items()):  # colour, dash and marker per pair
         for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
-            ax.plot(_np(path["t"]), _np(path[metric]), marker="o", ms=3, label=name)
+            ax.plot(_np(path["t"]), _np(path[metric]), ms=3, label=name, **line_style(i))
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
         for t, label in ((0.0, labels[0]), (1.0, labels[1])):
             ax.axvline(t, color="grey", lw=0.8, ls=":")
