@@ -42,10 +42,10 @@ Where Flower and the engine differ, and what is decided here:
   joining at the same rounds it samples the same clients again. The round's sample size is
   FedAvg's, ``max(int(N * fraction_train), min_train_nodes)`` with N the nodes at round 1,
   kept as the method's K (FedMR recombines K models each round, FedCross keeps K
-  middleware models), and no more than the
-  clients connected. Exception, CluSamp: its clustering holds a row per client of a fixed
-  population, so its federation stays the nodes of round 1; a node that joins later is not
-  drawn, and a node that left can still be drawn (its failed reply is left out).
+  middleware models), and no more than the clients connected. Exception, CluSamp: its
+  clustering holds a row per client of a fixed population, so its federation stays the
+  nodes of round 1; a node that joins later is not drawn, and a node that left can still be
+  drawn (its failed reply is left out).
 - A ``seed`` fixes the sampling and every random draw of the method (mutation signs, FedQP's
   projections, FedMR's permutations, CluSamp's draws): two runs with the same seed, nodes
   and replies send the same models. With the same seed, clients and local training, a
