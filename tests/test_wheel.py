@@ -196,16 +196,20 @@ def test_the_readmes_cpu_only_install_keeps_the_cpu_torch(tmp_path, wheel):
     torch_version, vision_version = pins.groups()
     venv.EnvBuilder(with_pip=_needs_own_pip()).create(tmp_path / "venv")
     installer = _installer(tmp_path / "venv" / "bin" / "python")
+    # Without PYTHONPATH and away from the checkout: a source folder that pip can see holds
+    # flnotes.egg-info, so pip would take flnotes as installed already and plan nothing (the
+    # CI run of 2026-11-28 failed so).
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     stand_ins = [_stand_in_wheel(tmp_path, "torch", f"{torch_version}+cpu"),
                  _stand_in_wheel(tmp_path, "torchvision", f"{vision_version}+cpu")]
     subprocess.run([*installer, "install", "--no-deps", "--no-index", *map(str, stand_ins)],
-                   check=True)
+                   check=True, env=env, cwd=tmp_path)
     report = tmp_path / "report.json"
     subprocess.run([*installer, "install", "--dry-run", "--report", str(report), str(wheel)],
-                   check=True, timeout=600)
+                   check=True, timeout=600, env=env, cwd=tmp_path)
     planned = {item["metadata"]["name"].lower(): item["metadata"]["version"]
                for item in json.loads(report.read_text())["install"]}
-    assert "flnotes" in planned
+    assert "flnotes" in planned, f"pip plans no flnotes: it sees one installed ({planned})"
     replaced = sorted(n for n in planned
                       if n in ("torch", "torchvision") or n.startswith("nvidia-"))
     assert not replaced, f"pip would replace the CPU torch: {replaced}"
