@@ -4,7 +4,9 @@ traceback and never a silent result: a non-zero exit from the command line (run 
 ``flnotes.cli.main.main``), or a ValueError/TypeError of one line from the Python API.
 
 Most cases are rejected before any data is built; the folder cases copy one tiny finished
-run. The whole table runs in well under a minute.
+run. The whole table runs in well under a minute. The cases found by the audit of run
+folders, copies and --config files are here too: a full disk while copying the notebooks,
+torch.save's own error on a full disk, config files that give what the flags refuse.
 """
 
 import errno
@@ -24,6 +26,7 @@ from flnotes.engine.seeds import run_seeds
 from flnotes.flower import FlowerStrategy
 from flnotes.flower.dropin import FedMut as DropInFedMut
 from flnotes.flower.records import config_from_run_config
+from flnotes.repro import notebooks
 
 TINY = ["--num-clients", "4", "--clients-per-round", "2", "--rounds", "2", "--data-option",
         "num_train=400", "--data-option", "num_test=100", "--device", "cpu", "--backend", "loop"]
@@ -124,6 +127,11 @@ MISUSE_CASES = [
     ("toy with a model", run_argv("--dataset", "toy", "--model", "resnet18")),
     ("more clients a round than clients", run_argv("--num-clients", "3",
                                                    "--clients-per-round", "4")),
+    ("logger-dir without --logger", run_argv("--logger-dir", "logs")),
+    ("notebooks into ''", ["notebooks", ""]),
+    ("demo --out ''", ["demo", "--quick", "--out", ""]),
+    ("data option too large for memory", run_argv("--data-option",
+                                                  "num_train=1000000000000")),
 ]
 
 
@@ -266,6 +274,36 @@ FOLDER_CASES += [
 ]
 
 
+# ---- --config files: what the flags refuse, a file refuses too ------------------------------
+def _config_file(name: str, text: str, *more: str):
+    """``run --config`` of a file holding ``text`` (a tiny federation unless it says other)."""
+    def make(tmp, cache):
+        (tmp / name).write_text(text)
+        return ["run", "--config", str(tmp / name), *more]
+    return make
+
+
+CONFIG_CASES = [
+    ("config json: a setting its method does not read", _config_file(
+        "c.json", '{"algorithm": "fedavg", "mu": 0.5}')),
+    ("config yaml: a setting its method does not read", _config_file(
+        "c.yaml", "algorithm: fedavg\nmu: 0.5\n")),
+    ("config json: a key twice", _config_file("c.json", '{"lr": 0.1, "lr": 0.5}')),
+    ("config json: a data option twice", _config_file(
+        "c.json", '{"data_options": {"num_train": 400, "num_train": 9}}')),
+    ("config yaml: a key twice", _config_file("c.yaml", "lr: 0.1\nrounds: 2\nlr: 0.5\n")),
+    ("config yaml: damaged", _config_file("c.yaml", "lr: [0.1\nrounds: 2\n")),
+    ("config yaml: a list as a key", _config_file("c.yaml", "lr: 0.1\n[a, b]: 1\n")),
+    ("config yaml: a list", _config_file("c.yaml", "- lr: 0.1\n")),
+    ("config yaml: rounds 0", _config_file("c.yaml", "rounds: 0\n")),
+    ("config yaml: unknown field", _config_file("c.yaml", "roundz: 3\n")),
+    ("config with a preset", _config_file("c.yaml", "rounds: 1\n", "--preset",
+                                          "fedmut-paper")),
+    ("config empty", _config_file("c.json", "")),
+    ("config missing", lambda t, c: ["run", "--config", str(t / "nope.json")]),
+]
+
+
 # ---- paths that cannot be written (the error injected where the write happens) -------------
 def _unwritable(module, name: str, code: int, point: int = 1):
     """A fresh run whose point-th ``module.name`` call fails with OSError(code)."""
@@ -295,6 +333,54 @@ WRITE_CASES = [
     ]
     for code in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO, errno.EDQUOT)
 ]
+
+
+def _torch_zip_error(point: int):
+    """A fresh run whose point-th checkpoint save fails as torch.save does on a full disk: its
+    own RuntimeError ("... unexpected pos ..."), the file's OSError behind it."""
+    def make(tmp, cache, monkeypatch):
+        real, count = run_folder._atomic_save, [0]
+
+        def failing(*args, **kwargs):
+            count[0] += 1
+            if count[0] == point:
+                try:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                except OSError:  # as torch does: the OSError only the context, not the cause
+                    raise RuntimeError("[enforce fail at inline_container.cc:672] . "  # noqa: B904
+                                       "unexpected pos 1984 vs 1878")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(run_folder, "_atomic_save", failing)
+        return run_argv("--checkpoint-every", "1", "--run-dir", str(tmp / "run"))
+    return make
+
+
+def _notebooks_unwritable(code: int, point: int):
+    """``notebooks DEST`` whose point-th copy fails with OSError(code) halfway through."""
+    def make(tmp, cache, monkeypatch):
+        real, count = notebooks.write_atomically, [0]
+
+        def failing(path, write):
+            count[0] += 1
+            if count[0] != point:
+                return real(path, write)
+
+            def half(f):
+                f.write(b'{"cells": [')
+                raise OSError(code, os.strerror(code))
+            return real(path, half)
+
+        monkeypatch.setattr(notebooks, "write_atomically", failing)
+        return ["notebooks", str(tmp / "nb")]
+    return make
+
+
+WRITE_CASES += [(f"checkpoint torch zip error at save {point}", _torch_zip_error(point))
+                for point in (1, 2)]
+WRITE_CASES += [(f"notebooks copy {errno.errorcode[code]} at {point}",
+                 _notebooks_unwritable(code, point))
+                for code in (errno.ENOSPC, errno.EACCES, errno.EROFS) for point in (1, 3)]
 
 
 # ---- the Python API ---------------------------------------------------------------------------
@@ -364,7 +450,7 @@ def _misuse(case):
 
 ALL = [_case(f"cli: {name}", "flags", argv) for name, argv in FLAG_CASES + SETTING_CASES]
 ALL += [_misuse(case) for case in MISUSE_CASES]
-ALL += [_case(f"cli: {name}", "folder", make) for name, make in FOLDER_CASES]
+ALL += [_case(f"cli: {name}", "folder", make) for name, make in FOLDER_CASES + CONFIG_CASES]
 ALL += [_case(f"cli: {name}", "write", make) for name, make in WRITE_CASES]
 ALL += [_case(f"api: {name}", "api", call) for name, call in API_CASES]
 
@@ -419,4 +505,6 @@ def test_a_bad_input_ends_in_one_line(name, kind, value, tmp_path, cache, capsys
     if "run-dir" in name:  # a run folder that cannot be used says which
         assert "run-dir" in errors[0] or "run folder" in errors[0] or "run_dir" in errors[0], \
             f"{name}: {errors[0]}"
+    if any(word in name for word in ("ENOSPC", "EDQUOT", "torch zip")):  # no room: said so
+        assert "disk full" in errors[0], f"{name}: {errors[0]}"
     assert not list(tmp_path.rglob("*.tmp")), f"{name}: a .tmp file was left"
