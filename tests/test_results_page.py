@@ -430,3 +430,43 @@ def test_a_panel_names_the_model_its_runs_trained_where_the_label_names_another(
         "CIFAR-10, CNN (model lenet-cifar), dir=0.1"
     assert results_page.panel_title(setting, runs("cnn")) == "CIFAR-10, CNN, dir=0.1"
     assert results_page.panel_title(setting, {"FedAvg": []}) == "CIFAR-10, CNN, dir=0.1"
+
+
+def test_the_settings_and_cost_section_sums_the_rounds_and_names_the_grid(results):
+    """Each run's rounds take 0.5 s + seed + a method's share; the section's hours and median
+    are those sums by hand, its command names the cells' grid, and a setting is said once
+    where it is shared: by every run, by a panel's runs, else on its method's row."""
+    share = {"fedavg": 1.0, "fedmut": 2.0, "fedqp": 3.0}
+    seconds = {}
+    for metrics in results.glob("cells/*/runs/*/seed*/metrics.jsonl"):
+        method, seed = metrics.parent.parent.name, int(metrics.parent.name[4:])
+        setting = metrics.parents[3].name.split("_")[0]
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for row in rows:
+            row["seconds"] = 0.5 + seed + share[method]
+        seconds.setdefault((setting, method), []).extend(r["seconds"] for r in rows)
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        cell = metrics.parents[3] / "cell.json"
+        cell.write_text(json.dumps({**json.loads(cell.read_text()),
+                                    "grid_file": "benchmarks/evidence.yaml"}))
+        run_json = metrics.parent / "run.json"
+        run_json.write_text(json.dumps({**json.loads(run_json.read_text()), "environment": {
+            "device": "cpu", "cpu_threads": 1}}))
+    text = results_page.build_page(results)[0].read_text()
+    section = text.split("## Settings and cost\n", 1)[1]
+    assert ("Made by `python -m flnotes sweep benchmarks/evidence.yaml --set data_dir=DIR "
+            f"--out {results} --workers 1`") in section
+    shared = next(line for line in section.splitlines() if line.startswith("Every run: "))
+    assert "dataset cifar10" in shared and "rounds 200" in shared and "eval_every 5" in shared
+    assert "algorithm" not in shared and "partition" not in shared and "seed" not in shared
+    assert "on cpu with 1 torch thread per run" in section
+    # a partition's own setting only where that partition reads it
+    assert "\nCIFAR-10, CNN, dir=0.1: dirichlet_alpha 0.1, partition dirichlet.\n" in section
+    assert "\nCIFAR-10, CNN, iid: partition iid.\n" in section
+    for (setting, method), values in seconds.items():
+        row = row_of(text, "Settings and cost", "CIFAR-10", "CNN", setting, LABEL[method])
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[4] == f"algorithm {method}", row  # the panel's own settings said once
+        assert cells[5:] == ["2", f"{sum(values) / 3600:.2f}", f"{np.median(values):.1f}"], row
+    total = sum(sum(v) for v in seconds.values()) / 3600
+    assert f"In all: 12 runs, {total:.1f} hours of rounds." in section

@@ -19,7 +19,9 @@ folder gives the same page. It holds
   lands on; flnotes.repro.paper_tables) and the papers' cells themselves;
 - for methods with personal models (FML): personal against global accuracy, read the same
   way;
-- the reading: that verdict as a sentence per difference, and how far from converged.
+- the reading: that verdict as a sentence per difference, and how far from converged;
+- the settings and cost: the command that made the runs (the grid their cells name), the
+  settings every run shares, each method's own, and the time its rounds took.
 
 Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
 rounds they have, and the page says how far each got. Of two folders of one run, the page
@@ -30,6 +32,7 @@ uses the one ``tables`` uses (the completed one before a newer failed or interru
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -267,6 +270,117 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     return fig
 
 
+# config fields that say where or how a run was kept, not what it computed: left out of the
+# settings a page lists
+NOT_SETTINGS = {"run_dir", "data_dir", "data_source", "download", "checkpoint_every",
+                "record_states", "device", "backend", "compile", "eval_batch_size", "seed",
+                "partition_manifest"}
+
+
+# a partition's own setting: said only of runs with that partition
+PARTITION_SETTING = {"dirichlet_alpha": "dirichlet", "shards_per_client": "shards"}
+
+
+def _setting_of(run: Run, key: str):
+    """A run's value of ``key``, None where its partition does not read it."""
+    if key in PARTITION_SETTING and run.config.get("partition") != PARTITION_SETTING[key]:
+        return None
+    return run.config.get(key)
+
+
+def _value_text(value) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def _grid_files(runs: list[Run]) -> list[str]:
+    """The grid files the runs' cells name (cells/<id>/cell.json above runs/<alg>/seed<N>)."""
+    grids = set()
+    for run in runs:
+        cell = Path(run.run_dir).parents[2] / "cell.json"
+        try:
+            grid = json.loads(cell.read_text()).get("grid_file")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(grid, str) and grid:
+            grids.add(grid)
+    return sorted(grids)
+
+
+def _environment(run: Run) -> dict:
+    try:
+        environment = json.loads((Path(run.run_dir) / "run.json").read_text()).get("environment")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return environment if isinstance(environment, dict) else {}
+
+
+def _shared(runs: list[Run], keys: list[str]) -> dict[str, str]:
+    """The settings of ``keys`` that every run of ``runs`` holds at one value, as text."""
+    shared = {}
+    for k in keys:
+        seen = {_value_text(_setting_of(run, k)) for run in runs}
+        if len(seen) == 1 and _setting_of(runs[0], k) is not None:
+            shared[k] = seen.pop()
+    return shared
+
+
+def _settings_text(settings: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in settings.items())
+
+
+def settings_and_cost(results: Path, groups: dict[tuple, dict[str, list[Run]]]) -> list[str]:
+    """The page's last section: how to make the runs again and what they cost. A setting is
+    said once where it is shared: by every run, by a panel's runs, then a method's own on its
+    row. Times are the rounds' own (metrics.jsonl ``seconds``: local training, aggregation and
+    evaluation; the data's loading and a resume's start-up left out), summed per run."""
+    runs = [r for by_method in groups.values() for rs in by_method.values() for r in rs]
+    keys = sorted({k for run in runs for k in run.config} - NOT_SETTINGS)
+    everywhere = _shared(runs, keys)
+    grids = _grid_files(runs)
+    made_by = ("Made by " + " and ".join(
+        f"`python -m flnotes sweep {grid} --set data_dir=DIR --out {_shown(results)} "
+        "--workers 1`" for grid in grids)
+        + " (DIR: the dataset's folder); it skips the cells a folder holds and runs the rest."
+        if grids else "Made by single runs (no sweep's cell.json above them).")
+    environments = [_environment(run) for run in runs]
+    devices = sorted({str(e.get("device")) for e in environments if e.get("device")})
+    threads = sorted({str(e.get("cpu_threads")) for e in environments if e.get("cpu_threads")})
+    lines = ["", "## Settings and cost", "", made_by, "",
+             f"Every run: {_settings_text(everywhere)}.", ""]
+    rows, total = [], 0.0
+    for setting, by_method in groups.items():
+        panel_runs = [r for rs in by_method.values() for r in rs]
+        panel = {k: v for k, v in _shared(panel_runs, keys).items() if k not in everywhere}
+        if panel and len(groups) > 1:
+            lines += [f"{', '.join(setting)}: {_settings_text(panel)}.", ""]
+        for method, method_runs in by_method.items():
+            own = [f"{k} {' / '.join(seen)}" for k in keys if k not in everywhere
+                   and (k not in panel or len(groups) == 1)
+                   for seen in [sorted({_value_text(_setting_of(run, k)) for run in method_runs
+                                        if _setting_of(run, k) is not None})] if seen]
+            seconds = [r["seconds"] for run in method_runs for r in run.rows
+                       if isinstance(r.get("seconds"), (int, float))]
+            total += sum(seconds)
+            median = f"{float(np.median(seconds)):.1f}" if seconds else "—"
+            rows.append(f"| {' | '.join(setting)} | {method} | {', '.join(own) or '—'} | "
+                        f"{len(method_runs)} | {sum(seconds) / 3600:.2f} | {median} |")
+    lines += [
+        "Time: the rounds' own seconds (training, aggregation, evaluation; loading the data "
+        "left out) summed per run, on " + (", ".join(devices) or "an unrecorded device")
+        + (f" with {', '.join(threads)} torch thread{'' if threads == ['1'] else 's'} per run"
+           if threads else "")
+        + ". Wall time: where other work shared the machine it is more than the CPU time.",
+        "",
+        "| dataset | model | heterogeneity | method | its own settings | runs | hours (all "
+        "runs) | seconds a round (median) |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"In all: {len(runs)} runs, {total / 3600:.1f} hours of rounds.",
+    ]
+    return lines
+
+
 def _shown(path: Path) -> str:
     """A path as the page shows it: relative to the repository when inside it."""
     try:
@@ -421,6 +535,7 @@ def page_text(results: Path, groups: dict, png: str) -> str:
         *(readings or ["- no method's run beside a FedAvg run yet."]),
         *personal_readings,
         *convergence(groups),
+        *settings_and_cost(results, groups),
         "",
     ]
     return "\n".join(lines)
