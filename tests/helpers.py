@@ -110,3 +110,31 @@ def assert_resumes(config, folder: Path, stop_after: int):
     assert [s["round"] for s in starts][-1] > 1, "the second run started over, not resumed"
     assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
     return full, resumed
+
+
+def _pixels(png: bytes):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=int)
+
+
+def ink_at_the_edge(png: bytes, frame: int = 2) -> int:
+    """Dark pixels (a glyph, a line) in the outer ``frame`` pixels of a picture: a caption,
+    label or tick cut off at the canvas's edge leaves some there; a figure whose every mark
+    lies inside leaves none (its edge is background)."""
+    import numpy as np
+
+    a = _pixels(png)
+    edge = np.concatenate([a[:frame].reshape(-1, 3), a[-frame:].reshape(-1, 3),
+                           a[:, :frame].reshape(-1, 3), a[:, -frame:].reshape(-1, 3)])
+    return int((edge.sum(-1) < 300).sum())
+
+
+def red_pixels(png: bytes) -> int:
+    """Pixels of a saturated red (matplotlib's "red" is 255, 0, 0): a filled red marker shows
+    its face; a hollow one shows only its black edge."""
+    a = _pixels(png)
+    return int(((a[..., 0] > 200) & (a[..., 1] < 70) & (a[..., 2] < 70)).sum())

@@ -11,6 +11,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pytest
+from helpers import ink_at_the_edge
 
 matplotlib.use("Agg")
 
@@ -201,6 +202,29 @@ def test_caption_lies_inside_the_figure_and_is_readable(name, dpi):
     for ax in fig.axes:  # and it covers no panel (tick labels and axis labels included)
         if ax.get_visible():
             assert ax.get_tightbbox(renderer).y0 >= box.y1, (name, ax.get_title())
+
+
+def _stored_pngs():
+    """(where, PNG bytes) of every figure a reader sees without running anything: the
+    notebooks' stored outputs, the README's figures and the results pages' curves."""
+    import base64
+
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            for output in cell.get("outputs", []):
+                if "image/png" in output.get("data", {}):
+                    yield f"{path.stem} cell {index}", base64.b64decode(
+                        output["data"]["image/png"])
+    for path in sorted([*(REPO / "docs" / "figures").glob("*.png"),
+                        *(REPO / "results").glob("*.png")]):
+        yield str(path.relative_to(REPO)), path.read_bytes()
+
+
+def test_no_stored_figure_has_a_label_cut_at_its_edge():
+    """Notebook 03's explorer cut the descender of its colour bar's label ("global loss") at
+    the right edge; any figure's edge must be background."""
+    cut = [(where, ink) for where, png in _stored_pngs() for ink in [ink_at_the_edge(png)] if ink]
+    assert not cut, f"marks at the canvas's edge (where, dark pixels): {cut}"
 
 
 # ---- readable ticks ----------------------------------------------------------------------------

@@ -86,13 +86,13 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
     return ax
 
 
-def colorbar_slot(fig, width: float = 0.95):
+def colorbar_slot(fig, width: float = 1.05):
     """An axes for a colour bar in a slot ``width`` inches wide at the figure's right edge
     (the panels' right margin moves in to make room). Call it once the margins are set."""
     return fig.add_axes(colorbar_place(fig, width))
 
 
-def colorbar_place(fig, width: float = 0.95) -> tuple[float, float, float, float]:
+def colorbar_place(fig, width: float = 1.05) -> tuple[float, float, float, float]:
     """The place (left, bottom, width, height in figure fractions) of :func:`colorbar_slot`'s
     colour bar, the panels' right margin moved in to make room for it."""
     inch = 1.0 / fig.get_figwidth()
@@ -123,7 +123,7 @@ def landscape_colorbar(mappable, cax, label: str = "loss", bar=None):
     return bar
 
 
-def shared_colorbar(fig, axes, label: str = "loss", width: float = 0.95):
+def shared_colorbar(fig, axes, label: str = "loss", width: float = 1.05):
     """One colour bar, in a slot at the figure's right edge, for panels whose landscapes
     share their levels (the same loss, or levels passed in common): colour carries a value,
     so it gets a scale. Call it once the panels' margins are set."""
