@@ -20,7 +20,10 @@ press racing in a worker thread that the next press stops if it is still running
 kernel is done the picture must be a fresh draw of the last setting. Finally the notebook is
 saved and the page reloaded: no widget may fail to show; then its kernel is shut down and the
 notebook opened again, as a student reopens a saved copy another day: the stored figures and
-the controls as saved show, and no widget error.
+the controls as saved show, and no widget error. Every figure of a Run All must keep its marks
+inside the canvas (no caption or label cut at its edge), and 04's endpoint dots must be filled.
+The results notebooks 20 and 22 also run whole in a folder made as `flnotes notebooks DEST`
+makes it (no results/ above), and 22 must say how many figures it really drew.
 
 The module skips, with one line saying what is missing, where Chromium or Playwright is not
 installed; ``.ci/run`` installs Debian's ``chromium`` and sets ``FLNOTES_REQUIRE_BROWSER=1``,
@@ -46,8 +49,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import ink_at_the_edge, red_pixels
 
 from flnotes.repro.notebooks import TEACHING as TEACHING_NOTEBOOKS
+from flnotes.repro.notebooks import copy_notebooks
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 TEACHING = list(TEACHING_NOTEBOOKS)
@@ -162,6 +167,7 @@ def lab_server(root: Path):
                 server.kill()
 
 
+COPY = "copy"  # the lab's subfolder made by copy_notebooks (a student's `flnotes notebooks`)
 RACE_SEEDS = 10  # the browser's copy of 04 (nbval runs the shipped one at its 100 seeds)
 
 
@@ -190,6 +196,7 @@ def lab(tmp_path_factory):
     for name in TEACHING:
         shutil.copy(NOTEBOOKS / f"{name}.ipynb", root)
     _fewer_seeds(root / "04_toy_race.ipynb")
+    copy_notebooks(root / COPY)  # as `flnotes notebooks DEST` makes it: no results/ above
     with lab_server(root) as base:
         yield base, root
 
@@ -334,6 +341,37 @@ def _cell_problems(notebook: dict) -> list[str]:
         source = "".join(cell["source"]).strip()
         if source and cell.get("execution_count") is None:
             found.append(f"cell {index} did not run: {source.splitlines()[0][:60]!r}")
+    return found
+
+
+def _image_outputs(notebook: dict):
+    """(cell index, the cell's source, PNG bytes) of every image output."""
+    import base64
+
+    for index, cell in enumerate(notebook["cells"]):
+        for output in cell.get("outputs", []):
+            if "image/png" in output.get("data", {}):
+                yield index, "".join(cell["source"]), base64.b64decode(
+                    output["data"]["image/png"])
+
+
+# 04's endpoints after Run All at RACE_SEEDS seeds: the legend's red dot alone is about 25
+# red pixels; the race's filled red dots (final models outside the flat basin) many hundred.
+FILLED_RED_AT_LEAST = 150
+
+
+def _figure_problems(notebook: dict, name: str) -> list[str]:
+    """What the figures of a Run All show wrong: a mark cut at the canvas's edge (a caption
+    or label outside the figure), 04's endpoint dots drawn hollow."""
+    found = [f"cell {index}: {ink} dark pixels at the figure's edge (a label cut off)"
+             for index, _, png in _image_outputs(notebook) if (ink := ink_at_the_edge(png))]
+    if name == "04_toy_race":
+        endpoints = [png for _, source, png in _image_outputs(notebook)
+                     if "plot_endpoints(" in source]
+        if not endpoints:
+            found.append("no endpoints figure (plot_endpoints) after Run All")
+        found += [f"endpoint dots hollow: {red} red pixels, the legend's dot alone"
+                  for png in endpoints if (red := red_pixels(png)) < FILLED_RED_AT_LEAST]
     return found
 
 
@@ -822,7 +860,7 @@ def drive_notebook(browser, lab, name: str) -> None:
             _restart(base, kernel, page)  # Run All starts from a fresh kernel too
         run_all_s = _run_all(page)
         notebook = _save_and_read(page, root / f"{name}.ipynb")
-        problems = _cell_problems(notebook) + kernel.drain()
+        problems = _cell_problems(notebook) + _figure_problems(notebook, name) + kernel.drain()
         assert not problems, f"{name}: Run All failed:\n" + "\n".join(problems)
         assert page.get_by_text("Error displaying widget").count() == 0, \
             f"{name}: a widget failed to render after Run All"
@@ -853,6 +891,50 @@ def drive_notebook(browser, lab, name: str) -> None:
     finally:
         if kernel is not None:
             kernel.close()
+        page.close()
+        for running in _api(base, "/api/kernels") or []:
+            _api(base, f"/api/kernels/{running['id']}", method="DELETE")
+
+
+# The results notebooks in a folder made by `flnotes notebooks DEST`, as a student who
+# installed the wheel opens them: Run All must end without an error, and each must say what it
+# really drew (22 once turned its shipped figures into nothing and still said "14 of 14
+# figures shown"; 20 blamed "flnotes installed without the repository").
+COPIED = ["20_tables_vs_paper", "22_paper_figures"]
+
+
+@pytest.mark.parametrize("name", COPIED)
+def test_a_results_notebook_runs_clean_in_a_notebooks_copy(browser, lab, name):
+    base, root = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{base}/lab/tree/{COPY}/{name}.ipynb?reset&token={TOKEN}", timeout=120_000)
+        # JupyterLab may ask which kernel to start for a notebook it opens in a subfolder
+        # (its default, Python 3, preselected): take it, as a student would
+        deadline = time.monotonic() + 120
+        while not (page.locator(IDLE).count() and any(
+                s["path"].endswith(f"{name}.ipynb") and s.get("kernel")
+                for s in _api(base, "/api/sessions") or [])):
+            if page.locator(".jp-Dialog .jp-mod-accept").count():
+                page.click(".jp-Dialog .jp-mod-accept", timeout=30_000)
+            assert time.monotonic() < deadline, f"{name}: no kernel started within 120 s"
+            time.sleep(0.5)
+        _run_all(page)
+        notebook = _save_and_read(page, root / COPY / f"{name}.ipynb")
+        problems = _cell_problems(notebook) + _figure_problems(notebook, name)
+        assert not problems, f"{name} in a copy: Run All failed:\n" + "\n".join(problems)
+        text = "".join(t for cell in notebook["cells"] for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream" for t in o["text"])
+        images = sum(1 for _ in _image_outputs(notebook))
+        assert "installed without the repository" not in text, text[-2000:]
+        if name == "22_paper_figures":
+            drawn = re.search(r"(\d+) of (\d+) figures drawn from stored results", text)
+            assert drawn, f"22 in a copy does not say how many figures it drew:\n{text[-2000:]}"
+            assert int(drawn.group(1)) == images == 0, (drawn.group(0), images)
+    except BaseException:
+        _shot(page, root, f"{COPY}-{name}")
+        raise
+    finally:
         page.close()
         for running in _api(base, "/api/kernels") or []:
             _api(base, f"/api/kernels/{running['id']}", method="DELETE")
