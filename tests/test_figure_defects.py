@@ -227,6 +227,50 @@ def test_no_stored_figure_has_a_label_cut_at_its_edge():
     assert not cut, f"marks at the canvas's edge (where, dark pixels): {cut}"
 
 
+def _stored_figure_saved_as(name: str) -> bytes | None:
+    """The stored output of the notebook cell that saves ``name`` (``save_figures``)."""
+    import base64
+
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if f'savefig("{name}"' in "".join(cell["source"]):
+                pngs = [o["data"]["image/png"] for o in cell.get("outputs", [])
+                        if "image/png" in o.get("data", {})]
+                return base64.b64decode(pngs[-1]) if pngs else None
+    return None
+
+
+README_FIGURES = sorted(p.name for p in (REPO / "docs" / "figures").glob("*.png")
+                        if _stored_figure_saved_as(p.name) is not None)
+
+
+def test_the_readme_shows_its_notebooks_figures():
+    assert {"00_quickstart.png", "03_fan.png", "04_race.png"} <= set(README_FIGURES)
+    for name in README_FIGURES:
+        assert f"docs/figures/{name}" in (REPO / "README.md").read_text(), name
+
+
+@pytest.mark.parametrize("name", README_FIGURES)
+def test_a_readme_figure_is_what_its_notebook_draws_now(name):
+    """docs/figures/NAME.png (papermill with save_figures, 120 dpi) against the notebook's
+    stored figure of the same cell (100 dpi), both scaled to 300 px wide in grey: the same
+    drawing differs by antialiasing and scaling (1.5 to 1.7 of 255 on average); a stale one
+    by more (03's fan with its old colours 2.75, 00 with the narrower colour bar 3.4).
+    Redraw: CONTRIBUTING.md, "README figures"."""
+    import io
+
+    from PIL import Image
+
+    readme = Image.open(REPO / "docs" / "figures" / name).convert("L")
+    stored = Image.open(io.BytesIO(_stored_figure_saved_as(name))).convert("L")
+    ratio = readme.width / readme.height
+    assert ratio == pytest.approx(stored.width / stored.height, rel=0.02), "shape differs"
+    size = (300, round(300 / ratio))
+    difference = np.abs(np.asarray(readme.resize(size), float)
+                        - np.asarray(stored.resize(size), float)).mean()
+    assert difference < 2.2, f"{name}: differs from notebook's figure by {difference:.2f}"
+
+
 # ---- readable ticks ----------------------------------------------------------------------------
 
 
