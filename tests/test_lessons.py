@@ -33,3 +33,26 @@ def test_each_lesson_has_maths_its_code_prompts_and_exercises(name):
     exercises = [c for c in cells if re.match(r"\*\*Exercise \d", c)]
     assert len(exercises) >= 3, f"{name}: {len(exercises)} exercises"
     assert all("<details><summary>Answer" in c for c in exercises), name
+
+
+# [`name`](../path.py#LN): a maths box's code, linked to the line that defines it
+CODE_LINK = re.compile(r"\[`([\w.]+)`\]\(\.\./([\w/]+\.py)#L(\d+)\)")
+
+
+@pytest.mark.parametrize("name", TEACHING)
+def test_a_maths_box_links_its_code_to_the_line_that_defines_it(name):
+    """Each "**Code.**" paragraph links its functions to their lines, and each link lands on
+    that function's ``def`` (or ``class``) line today: read here from the file itself, not
+    from the script that writes the links (``refresh_outputs.py --code-lines``)."""
+    paragraphs = [p for cell in markdown(name) for p in cell.split("\n\n")
+                  if p.startswith("**Code.**")]
+    assert paragraphs, name
+    for paragraph in paragraphs:
+        links = CODE_LINK.findall(paragraph)
+        assert links, f"{name}: a Code paragraph links no line: {paragraph[:80]!r}"
+        for qualified, path, line in links:
+            source = (REPO / "flnotes" / path).read_text().splitlines()[int(line) - 1]
+            defined = qualified.rsplit(".", 1)[-1]
+            assert re.match(rf"\s*(async def|def|class) {defined}\b", source), \
+                (f"{name}: {qualified} links {path} line {line}, which reads {source!r}: run "
+                 "python notebooks/refresh_outputs.py --code-lines")

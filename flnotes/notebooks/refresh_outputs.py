@@ -17,10 +17,17 @@ Notebook 04's race at its default setting ships as data (flnotes/toy/shipped.py)
 change that moves a toy run (tests/test_toy.py says so), make it again, then re-store 04:
 
     python notebooks/refresh_outputs.py --ship-toy-race    # about 4 CPU-minutes
+
+Each notebook's "**Code.**" paragraphs name the functions that compute a maths box's
+equations, each a link to the line that defines it (../algorithms/mutation.py#L60). After
+code moves, rewrite those links (tests/test_lessons.py fails until then):
+
+    python notebooks/refresh_outputs.py --code-lines
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import re
@@ -188,10 +195,66 @@ def refresh(path: Path, timeout: int = 1800) -> int:
     return changed
 
 
+PACKAGE = NOTEBOOKS.parent
+CODE_NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)`")  # `name` or `Class.method`
+# the link this script puts around such a name: to its line, relative to the notebook
+CODE_LINK = re.compile(r"\[(`[^`]+`)\]\(\.\./[\w/]+\.py#L\d+\)")
+
+
+def definitions() -> dict[str, list[str]]:
+    """Each function, class and method of flnotes (``name``, ``Class.method``) -> where it is
+    defined, as ``path/in/flnotes.py:line`` (the ``def`` or ``class`` line)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                found.setdefault(node.name, []).append(f"{where}:{node.lineno}")
+            if isinstance(node, ast.ClassDef):
+                for member in node.body:
+                    if isinstance(member, ast.FunctionDef):
+                        found.setdefault(f"{node.name}.{member.name}", []).append(
+                            f"{where}:{member.lineno}")
+    return found
+
+
+def with_code_lines(text: str, defined: dict[str, list[str]]) -> str:
+    """``text`` with each name in its "**Code.**" paragraphs that flnotes defines once made a
+    link to its line (``[`sign_mutations`](../algorithms/mutation.py#L60)``: GitHub and
+    JupyterLab open the file there); a name defined in several places, or nowhere, stays bare."""
+    def link(match: re.Match) -> str:
+        where = defined.get(match.group(1), [])
+        if len(where) != 1:
+            return match.group(0)
+        path, line = where[0].rsplit(":", 1)
+        return f"[`{match.group(1)}`](../{path}#L{line})"
+
+    paragraphs = text.split("\n\n")
+    return "\n\n".join(CODE_NAME.sub(link, CODE_LINK.sub(r"\1", p))
+                       if p.startswith("**Code.**") else p for p in paragraphs)
+
+
+def write_code_lines() -> int:
+    """Rewrite the code lines of every notebook's "**Code.**" paragraphs; how many changed."""
+    defined, changed = definitions(), 0
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        for cell in notebook.cells:
+            if cell.cell_type == "markdown" and "**Code.**" in cell.source:
+                new = with_code_lines(cell.source, defined)
+                changed += new != cell.source
+                cell.source = new
+        path.write_text(nbformat.writes(notebook) + "\n", encoding="utf-8")
+    return changed
+
+
 def main(paths: list[str]) -> int:
     if not paths:
         print(__doc__)
         return 2
+    if paths == ["--code-lines"]:
+        print(f"{write_code_lines()} cell(s) with new code lines")
+        return 0
     if paths == ["--ship-toy-race"]:
         import torch
 
