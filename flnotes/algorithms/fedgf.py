@@ -69,7 +69,7 @@ from collections import OrderedDict
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
-from flnotes.algorithms.fedsam import ascent_offsets, sharpness_aware_gradient
+from flnotes.algorithms.fedsam import ascent_offsets, gradient_at, sharpness_aware_gradient
 from flnotes.algorithms.scaffold import trainable_layer_names
 from flnotes.algorithms.settings import Setting
 
@@ -102,18 +102,11 @@ def interpolated_gradient(params, closure, rho: float, c: float, target) -> torc
     """Leave grad L(c w~ + (1 - c)(w + e)) in ``.grad``, the weights back at w; the loss at w."""
     loss = closure()  # g at w, for SAM's e
     offsets = ascent_offsets(params, rho, False, 0.0)
-    saved = {}
     with torch.no_grad():
-        for n, p in params.items():
-            if n not in target:
-                continue
-            saved[n] = p.detach().clone()
-            local = p + offsets[n] if n in offsets else p
-            p.copy_(c * target[n].to(p.device, p.dtype) + (1 - c) * local)
-    closure()  # g at w_p replaces g
-    with torch.no_grad():
-        for n, w in saved.items():
-            params[n].copy_(w)
+        moved = {n: c * target[n].to(p.device, p.dtype)
+                 + (1 - c) * (p + offsets[n] if n in offsets else p)
+                 for n, p in params.items() if n in target}
+    gradient_at(params, closure, moved)  # g at w_p replaces g
     return loss
 
 

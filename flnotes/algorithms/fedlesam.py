@@ -73,6 +73,7 @@ from collections import OrderedDict
 import torch
 
 from flnotes.algorithms.base import ClientResult, Strategy
+from flnotes.algorithms.fedsam import gradient_at
 from flnotes.algorithms.scaffold import trainable_layer_names
 from flnotes.algorithms.settings import Setting
 
@@ -96,17 +97,10 @@ def global_offsets(previous, current, rho: float) -> OrderedDict[str, torch.Tens
 
 def perturbed_gradient(params: dict[str, torch.Tensor], closure, offsets) -> torch.Tensor:
     """Leave grad L(w + e) in ``.grad`` with the weights back at w; the loss at w + e."""
-    saved = {}
     with torch.no_grad():
-        for n, e in offsets.items():
-            if n in params:
-                saved[n] = params[n].detach().clone()
-                params[n].add_(e.to(params[n].device, params[n].dtype))
-    loss = closure()
-    with torch.no_grad():
-        for n, w in saved.items():
-            params[n].copy_(w)
-    return loss
+        moved = {n: params[n] + e.to(params[n].device, params[n].dtype)
+                 for n, e in offsets.items() if n in params}
+    return gradient_at(params, closure, moved)
 
 
 class FedLESAM(Strategy):

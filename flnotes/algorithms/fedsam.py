@@ -128,20 +128,30 @@ def stacked_ascent_offsets(params: dict[str, torch.Tensor], grads: dict[str, tor
             for n, (t, scale) in scaled.items()}
 
 
+def gradient_at(params: dict[str, torch.Tensor], closure: Callable[[], torch.Tensor],
+                moved: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Run ``closure`` (its gradient into ``.grad``) with each weight named in ``moved`` set
+    to that value, then put the weights back; return the closure's loss. The step of every
+    method that takes its gradient away from w (SAM's w + e, FedLESAM's, FedGF's, FedSMOO's)."""
+    saved = {}
+    with torch.no_grad():
+        for n, value in moved.items():
+            saved[n] = params[n].detach().clone()
+            params[n].copy_(value)
+    loss = closure()
+    with torch.no_grad():
+        for n, w in saved.items():
+            params[n].copy_(w)
+    return loss
+
+
 def sharpness_aware_gradient(params: dict[str, torch.Tensor], closure: Callable[[], torch.Tensor],
                              rho: float, adaptive: bool, eta: float) -> torch.Tensor:
     """Leave the gradient at w + e in ``.grad`` with the weights back at w; the loss at w."""
     loss = closure()  # g at w
-    offsets = ascent_offsets(params, rho, adaptive, eta)
-    saved = {}
     with torch.no_grad():
-        for n, e in offsets.items():
-            saved[n] = params[n].detach().clone()
-            params[n].add_(e)
-    closure()  # g at w + e replaces g
-    with torch.no_grad():
-        for n, w in saved.items():
-            params[n].copy_(w)
+        moved = {n: params[n] + e for n, e in ascent_offsets(params, rho, adaptive, eta).items()}
+    gradient_at(params, closure, moved)  # g at w + e replaces g
     return loss
 
 

@@ -43,6 +43,7 @@ import torch
 
 from flnotes.algorithms.base import ClientResult
 from flnotes.algorithms.feddyn import FedDyn
+from flnotes.algorithms.fedsam import gradient_at
 from flnotes.algorithms.scaffold import zeros_like_layers
 from flnotes.algorithms.settings import Setting
 from flnotes.engine.client_state import ClientStateStore, store_directory
@@ -112,16 +113,13 @@ class FedSMOO(FedDyn):
                           if params[n].grad is not None}
                 norm = torch.linalg.vector_norm(torch.stack(
                     [torch.linalg.vector_norm(a) for a in ascent.values()])) + ASCENT_EPS
-                saved = {}
+                moved = {}
                 for n, a in ascent.items():
                     e = a * (rho / norm)
                     mu[n] += e - s[n]
-                    saved[n] = params[n].detach().clone()
-                    params[n].add_(e)
-            closure()  # g at w + e
+                    moved[n] = params[n] + e
+            gradient_at(params, closure, moved)  # g at w + e
             with torch.no_grad():
-                for n, w in saved.items():
-                    params[n].copy_(w)
                 for n in self.layers:  # FedDyn's gradient at w: alpha (d_i + w - w_t)
                     if params[n].grad is not None:
                         params[n].grad.add_(drift[n] + params[n] - start[n], alpha=alpha)
