@@ -138,3 +138,24 @@ def red_pixels(png: bytes) -> int:
     its face; a hollow one shows only its black edge."""
     a = _pixels(png)
     return int(((a[..., 0] > 200) & (a[..., 1] < 70) & (a[..., 2] < 70)).sum())
+
+
+def assert_falls_back_to_loop(config, monkeypatch, *words: str) -> None:
+    """``config`` under the vmap backend runs the loop: one warning for the process (a second
+    run, of another seed, says nothing more) that names each of ``words``, and the same
+    final state and losses as the loop backend, bit for bit."""
+    import warnings
+
+    from flnotes.engine.batched import stacked
+
+    monkeypatch.setattr(stacked, "_NOTED", set())
+    loop = run(config.replace(backend="loop"), progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vmapped = run(config.replace(backend="vmap"), progress=False)
+        run(config.replace(backend="vmap", seed=config.seed + 1), progress=False)
+    notes = [str(w.message) for w in caught if "loop backend" in str(w.message)]
+    assert len(notes) == 1, notes
+    assert all(word in notes[0] for word in words), notes[0]
+    assert states_allclose(loop.final_state, vmapped.final_state, rtol=0, atol=0)
+    assert [r["train_loss"] for r in loop.rows] == [r["train_loss"] for r in vmapped.rows]

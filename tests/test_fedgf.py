@@ -2,12 +2,11 @@
 model and the windowed c by hand, a local step by hand with autograd, resume, the loop
 (vmap falls back), the toy and the command line."""
 
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_resumes
+from helpers import assert_falls_back_to_loop, assert_resumes
 from torch import nn
 
 from flnotes import toy
@@ -126,17 +125,8 @@ def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
 
 
 def test_vmap_falls_back_to_the_loop_once_with_the_same_results(tiny_config, monkeypatch):
-    from flnotes.engine.batched import stacked
-
-    monkeypatch.setattr(stacked, "_NOTED", set())
-    config = tiny_config.replace(algorithm="fedgf", rounds=3)
-    loop = run(config.replace(backend="loop"), progress=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        vmapped = run(config.replace(backend="vmap"), progress=False)
-    notes = [w for w in caught if "loop backend" in str(w.message)]
-    assert len(notes) == 1 and "perturbed global model" in str(notes[0].message)
-    assert states_allclose(loop.final_state, vmapped.final_state, rtol=0, atol=0)
+    assert_falls_back_to_loop(tiny_config.replace(algorithm="fedgf", rounds=3), monkeypatch,
+                              "perturbed global model")
 
 
 def test_runs_on_the_toy_and_from_the_command_line(tmp_path, capsys):

@@ -1,11 +1,10 @@
 """FedLESAM against references: its local step and server state by hand, FedAvg (rho = 0),
 an uninterrupted run (resume), the loop (vmap falls back, said once), the toy and the CLI."""
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_falls_back_to_loop
 from torch import nn
 
 from flnotes import toy
@@ -137,20 +136,8 @@ def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
 
 
 def test_vmap_falls_back_to_the_loop_once_with_the_same_results(tiny_config, monkeypatch):
-    from flnotes.engine.batched import stacked
-
-    monkeypatch.setattr(stacked, "_NOTED", set())
-    config = tiny_config.replace(algorithm="fedlesam", rounds=3)
-    loop = run(config.replace(backend="loop"), progress=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        vmapped = run(config.replace(backend="vmap"), progress=False)
-        run(config.replace(backend="vmap", seed=2), progress=False)
-    notes = [w for w in caught if "loop backend" in str(w.message)]
-    assert len(notes) == 1 and "fedlesam" in str(notes[0].message)
-    assert "offset from the global models" in str(notes[0].message)
-    assert states_allclose(loop.final_state, vmapped.final_state, rtol=0, atol=0)
-    assert [r["train_loss"] for r in loop.rows] == [r["train_loss"] for r in vmapped.rows]
+    assert_falls_back_to_loop(tiny_config.replace(algorithm="fedlesam", rounds=3), monkeypatch,
+                              "fedlesam", "offset from the global models")
 
 
 def test_runs_on_the_toy():
