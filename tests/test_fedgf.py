@@ -2,7 +2,6 @@
 model and the windowed c by hand, a local step by hand with autograd, resume, the loop
 (vmap falls back), the toy and the command line."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
