@@ -3,7 +3,10 @@
 Prints, per model, the wall and CPU seconds of a local step (batch 50, the seed papers'
 batch) at each thread count, the ratio of wall time to one thread's, and the load average
 while it ran: the data behind flnotes' default thread rule (flnotes/engine/threads.py).
-Each thread count runs in its own process, so one count's pool does not colour the next.
+The last column is that rule's count for the model on this machine now (its size, the idle
+cores at the start) and its ratio: what `flnotes run` would take, never above 1.0 if the
+rule is right. Each thread count runs in its own process, so one count's pool does not
+colour the next.
 
     python benchmarks/threads.py                      # every model, 1 and 2 threads
     python benchmarks/threads.py --models lenet-cifar,resnet18 --threads 1,2,4 --steps 40
@@ -20,6 +23,7 @@ import time
 
 import torch
 
+from flnotes.engine.threads import default_threads, multiply_adds
 from flnotes.models import MODELS, build_model
 
 SHAPES = {"lstm": ((80,), 80)}  # Shakespeare: 80 characters in, next of 80 out
@@ -31,18 +35,21 @@ def shape_of(model: str) -> tuple[tuple[int, ...], int]:
     return SHAPES.get(model, ((1, 28, 28), 10) if model in GREY else IMAGE)
 
 
+def example(model_name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    shape, classes = shape_of(model_name)
+    model = build_model(model_name, classes, shape)
+    if model_name == "lstm":
+        return model, torch.randint(classes, (batch, *shape))
+    return model, torch.randn(batch, *shape)
+
+
 def measure(model_name: str, threads: int, steps: int, batch: int) -> dict:
     """Seconds per SGD step (wall and CPU) of ``model_name`` at ``threads`` threads."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    shape, classes = shape_of(model_name)
-    model = build_model(model_name, classes, shape)
+    model, x = example(model_name, batch)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
-    if model_name == "lstm":
-        x = torch.randint(classes, (batch, *shape))
-    else:
-        x = torch.randn(batch, *shape)
-    y = torch.randint(classes, (batch,))
+    y = torch.randint(shape_of(model_name)[1], (batch,))
 
     def step():
         optimiser.zero_grad()
@@ -77,21 +84,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts = [int(t) for t in args.threads.split(",")]
     load = os.getloadavg()[0]
+    # the rule's count per model, fixed before any child runs (their load would count)
+    rule = {m: default_threads(multiply_adds(*example(m, 1))) for m in models}
     print(f"cores: {os.cpu_count()}, load average at start: {load:.1f}; batch {args.batch}, "
           f"{args.steps} steps; ms per step, wall (CPU); ratio: wall / 1 thread's wall")
-    print(f"{'model':12s}" + "".join(f"{t:>8d} thr {'ratio':>6s}" for t in counts))
+    print(f"{'model':12s}" + "".join(f"{t:>8d} thr {'ratio':>6s}" for t in counts)
+          + "   the rule: threads, ratio")
     for model in models:
-        cells, base = [], None
-        for threads in counts:
+        cells, walls = [], {}
+        for threads in sorted({1, *counts, rule[model]}):
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             done = subprocess.run([sys.executable, __file__, "--one", f"{model}:{threads}",
                                    "--steps", str(args.steps), "--batch", str(args.batch)],
                                   capture_output=True, text=True, env=env, check=True)
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            base = base or result["wall"]
-            cells.append(f"{1000 * result['wall']:7.1f} ({1000 * result['cpu']:.0f})"
-                         f" {result['wall'] / base:5.2f}")
-        print(f"{model:12s}" + "  ".join(cells), flush=True)
+            walls[threads] = result["wall"]
+            if threads in counts:
+                cells.append(f"{1000 * result['wall']:7.1f} ({1000 * result['cpu']:.0f})"
+                             f" {result['wall'] / walls[1]:5.2f}")
+        print(f"{model:12s}" + "  ".join(cells)
+              + f"   {rule[model]:>3d} {walls[rule[model]] / walls[1]:5.2f}", flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
