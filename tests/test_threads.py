@@ -29,6 +29,14 @@ def test_multiply_adds_of_each_layer_kind_by_hand():
     assert not conv._forward_hooks
 
 
+@pytest.mark.parametrize("load, idle", [(0.0, 2), (0.3, 2), (0.6, 1), (1.4, 1), (1.6, 1),
+                                        (5.0, 1)])
+def test_idle_cores_are_the_cores_the_load_leaves_rounded(monkeypatch, load, idle):
+    monkeypatch.setattr(rule.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(rule.os, "getloadavg", lambda: (load, load, load))
+    assert rule.idle_cores() == idle
+
+
 def test_the_choice_in_each_case(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     never = lambda: pytest.fail("the model need not be looked at")  # noqa: E731

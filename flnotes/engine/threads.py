@@ -14,7 +14,7 @@ per sample) up to ResNet-18, and 1.14x for the MLP (0.2M). So:
 - otherwise one thread, unless the model has at least ``LARGE_MACS`` multiply-adds per sample
   (LeNet, the McMahan CNN, ResNet-20, the LSTM, ResNet-18 and VGG-16 do; the MNIST MLP does
   not) and cores are idle: then the idle cores (cores this process may use minus the load
-  average others put on them, rounded down), at most ``MOST_THREADS``. A GPU run keeps one
+  average others put on them, rounded), at most ``MOST_THREADS``. A GPU run keeps one
   CPU thread (the CPU only feeds the GPU).
 
 How it generalises: the crossover is the size at which one operation's work outweighs
@@ -74,7 +74,9 @@ def multiply_adds(model: nn.Module, example: torch.Tensor) -> float:
 
 
 def idle_cores() -> int:
-    """Cores this process may use that others leave idle (at least 1)."""
+    """Cores this process may use that others leave idle (at least 1): the usable cores
+    minus the load average, rounded (a load of 0.3 on 2 cores leaves both idle; truncating
+    gave one thread there, where two took 0.47-0.67 of its wall time)."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -83,7 +85,7 @@ def idle_cores() -> int:
         busy = os.getloadavg()[0]
     except OSError:
         busy = 0.0
-    return max(1, int(usable - busy))
+    return max(1, round(usable - busy))
 
 
 def default_threads(macs: float, on_gpu: bool = False) -> int:
