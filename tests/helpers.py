@@ -159,3 +159,23 @@ def assert_falls_back_to_loop(config, monkeypatch, *words: str) -> None:
     assert all(word in notes[0] for word in words), notes[0]
     assert states_allclose(loop.final_state, vmapped.final_state, rtol=0, atol=0)
     assert [r["train_loss"] for r in loop.rows] == [r["train_loss"] for r in vmapped.rows]
+
+
+def fail_halfway(monkeypatch, module, point: int, code: int) -> None:
+    """``module``'s point-th ``write_atomically`` fails with OSError(``code``) halfway through
+    its file (a full disk, a folder made read-only), the others write as usual."""
+    import os
+
+    real, count = module.write_atomically, [0]
+
+    def failing(path, write):
+        count[0] += 1
+        if count[0] != point:
+            return real(path, write)
+
+        def half(f):
+            f.write(b"half a file")
+            raise OSError(code, os.strerror(code))
+        return real(path, half)
+
+    monkeypatch.setattr(module, "write_atomically", failing)

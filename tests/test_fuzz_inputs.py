@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import fail_halfway
 
 from flnotes.algorithms import all_settings
 from flnotes.cli.main import main
@@ -359,19 +360,7 @@ def _torch_zip_error(point: int):
 def _notebooks_unwritable(code: int, point: int):
     """``notebooks DEST`` whose point-th copy fails with OSError(code) halfway through."""
     def make(tmp, cache, monkeypatch):
-        real, count = notebooks.write_atomically, [0]
-
-        def failing(path, write):
-            count[0] += 1
-            if count[0] != point:
-                return real(path, write)
-
-            def half(f):
-                f.write(b'{"cells": [')
-                raise OSError(code, os.strerror(code))
-            return real(path, half)
-
-        monkeypatch.setattr(notebooks, "write_atomically", failing)
+        fail_halfway(monkeypatch, notebooks, point, code)
         return ["notebooks", str(tmp / "nb")]
     return make
 

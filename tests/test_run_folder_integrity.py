@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import fail_halfway
 
 from flnotes.cli.main import main
 from flnotes.config import RunConfig
@@ -242,23 +243,6 @@ def test_an_error_marks_every_seed_failed(tiny_config, tmp_path, monkeypatch):
         assert meta["status"] == "failed" and meta["error"] == "RuntimeError: out of memory"
 
 
-def _disk_full_at(monkeypatch, module, point: int) -> None:
-    """``module``'s point-th write_atomically finds the disk full halfway through."""
-    real, count = module.write_atomically, [0]
-
-    def full(path, write):
-        count[0] += 1
-        if count[0] != point:
-            return real(path, write)
-
-        def half(f):
-            f.write(b"half a file")
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(path, half)
-
-    monkeypatch.setattr(module, "write_atomically", full)
-
-
 def _disk_full_in_torch_save(monkeypatch) -> None:
     """The first checkpoint.pt finds the disk full inside torch.save, whose zip writer turns
     the file's OSError into "RuntimeError: [enforce fail at inline_container.cc] unexpected
@@ -292,7 +276,7 @@ def test_a_full_disk_is_one_line_and_the_folder_resumes(where, point, file, tmp_
     if where is None:
         _disk_full_in_torch_save(monkeypatch)
     else:
-        _disk_full_at(monkeypatch, where, point)
+        fail_halfway(monkeypatch, where, point, errno.ENOSPC)
     assert main(_argv(folder, "scaffold", 3)) == 2
     line = _one_error_line(capsys)
     assert line.startswith(f"error: disk full: cannot write {folder / file}"), line
