@@ -3,6 +3,7 @@ results/cifar10-lenet: its numbers against a hand computation from the metrics f
 papers' cells beside them, the generated reading, and the same page when regenerated."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -470,3 +471,43 @@ def test_the_settings_and_cost_section_sums_the_rounds_and_names_the_grid(result
         assert cells[5:] == ["2", f"{sum(values) / 3600:.2f}", f"{np.median(values):.1f}"], row
     total = sum(sum(v) for v in seconds.values()) / 3600
     assert f"In all: 12 runs, {total:.1f} hours of rounds." in section
+
+
+def test_the_readings_figure_draws_each_seeds_late_difference_in_its_verdicts_colour(results):
+    """Per setting, one row per method: a dot at each seed's late difference to FedAvg (the
+    rule's own numbers, recomputed here from the metrics files), coloured by the verdict."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    groups = results_page.by_setting(load_runs(results))
+    fig = results_page.readings_figure(groups)
+    try:
+        panels = [s for s, by_method in groups.items() if len(by_method) > 1]
+        assert len(fig.axes) == len(panels)
+        for ax, setting in zip(fig.axes, panels, strict=True):
+            rows = [t.get_text() for t in ax.get_yticklabels()]
+            assert sorted(rows) == sorted(m for m in groups[setting] if m != "FedAvg")
+            label = setting[2]
+            base = read_accuracies(results, label, "fedavg")
+            for y, method in enumerate(rows):
+                mine = read_accuracies(results, label, method.lower())
+                by_hand = []
+                for seed in sorted(mine):
+                    common = sorted(set(mine[seed]) & set(base[seed]))
+                    late = common[-math.ceil(len(common) / 4):]  # the last quarter
+                    by_hand.append(np.mean([mine[seed][r] - base[seed][r] for r in late]))
+                dots = next(c for c in ax.collections
+                            if set(c.get_offsets()[:, 1]) == {y})
+                assert np.allclose(sorted(dots.get_offsets()[:, 0]), sorted(by_hand))
+                verdict = results_page.late_reading(groups[setting][method],
+                                                    groups[setting]["FedAvg"]).verdict
+                assert to_hex(dots.get_facecolor()[0]) == \
+                    results_page.VERDICT_COLOURS[verdict]
+            means = [np.mean(c.get_offsets()[:, 0]) for c in ax.collections]
+            assert means == sorted(means)  # methods sorted by their mean difference
+    finally:
+        plt.close(fig)
+    assert results_page.readings_figure({("a", "b", "c"): {"FedAvg": []}}) is None

@@ -96,9 +96,12 @@ def load(name: str, folder: Path | None = None):
     return runs, groups, results_page.page_text(folder, groups, png="")
 
 
-def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIONS):
+def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIONS,
+         readings: bool = False):
     """Display a study's curves and reading in a notebook (IPython's display); return the
-    figure, or None with the one-line message printed when there are no runs to read."""
+    figure, or None with the one-line message printed when there are no runs to read.
+    ``readings``: also the reading rule's picture (results_page.readings_figure), for a
+    study with more methods than its curves keep apart."""
     # (imported here: only a notebook needs pyplot and IPython; the pages and tables do not)
     import matplotlib.pyplot as plt
     from IPython.display import Image, Markdown, display
@@ -121,6 +124,10 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
     # figure would be drawn a second time at the cell's end under the inline backend
     display(Image(line_chart_png(fig)))
     plt.close(fig)
+    dots = results_page.readings_figure(groups) if readings else None
+    if dots is not None:
+        display(Image(line_chart_png(dots)))
+        plt.close(dots)
     display(Markdown(sections(text, wanted)))
     return fig
 

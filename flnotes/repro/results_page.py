@@ -42,7 +42,7 @@ from flnotes.plots import line_style, markevery
 from flnotes.repro import REPO_ROOT
 from flnotes.repro.figures import Run, load_runs, mean_band
 from flnotes.repro.paper_tables import load_paper_table
-from flnotes.repro.reading import Reading, diverged_note, read
+from flnotes.repro.reading import CANNOT_TELL, DOES_NOT_HOLD, HOLDS, Reading, diverged_note, read
 from flnotes.repro.tables import BASELINE, sample_std
 
 # a seed method -> its own paper's table, whose difference to FedAvg sits beside ours; any
@@ -269,6 +269,49 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     fig.tight_layout()
     return fig
 
+
+
+# The reading figure's colour per verdict: green leads, red trails, grey cannot tell.
+VERDICT_COLOURS = {HOLDS: "#1b9e77", DOES_NOT_HOLD: "#d95f02", CANNOT_TELL: "#808080"}
+
+
+def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
+    """The reading rule as a picture, one panel per setting with a FedAvg run: per method,
+    each seed's late difference to FedAvg (a dot), their mean (a bar) and the rule's verdict
+    (the colour). Methods sorted by the mean; the spread the rule compares against is the
+    width of each row's dots. None when no setting has a method beside FedAvg."""
+    import matplotlib.pyplot as plt
+
+    panels = {setting: [(m, late_reading(runs, by_method[BASELINE]))
+                        for m, runs in by_method.items() if m != BASELINE]
+              for setting, by_method in groups.items() if BASELINE in by_method}
+    panels = {k: sorted((r for r in v if r[1].seeds), key=lambda r: r[1].mean)
+              for k, v in panels.items()}
+    panels = {k: v for k, v in panels.items() if v}
+    if not panels:
+        return None
+    rows = max(len(v) for v in panels.values())
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 1.0 + 0.32 * rows),
+                             squeeze=False)
+    for ax, (setting, readings) in zip(axes.flat, panels.items(), strict=True):
+        for y, (_, result) in enumerate(readings):
+            colour = VERDICT_COLOURS[result.verdict]
+            ax.scatter([s.difference for s in result.seeds], [y] * len(result.seeds),
+                       s=22, color=colour, zorder=3, label=result.verdict)
+            ax.plot([result.mean] * 2, [y - 0.3, y + 0.3], color=colour, lw=2)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(range(len(readings)), [m for m, _ in readings], fontsize=8)
+        ax.set_ylim(-0.7, len(readings) - 0.3)
+        ax.set_xlabel(f"mean over {readings[-1][1].window()}\nminus {BASELINE} (points)",
+                      fontsize=9)
+        ax.set_title(panel_title(setting, groups[setting]), fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        shown = dict(zip(labels, handles, strict=True))  # one entry per verdict
+        ax.legend([shown[v] for v in VERDICT_COLOURS if v in shown],
+                  [v for v in VERDICT_COLOURS if v in shown], fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
 
 # config fields that say where or how a run was kept, not what it computed: left out of the
 # settings a page lists
