@@ -272,7 +272,7 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
 
 
 # The reading figure's colour per verdict: green leads, red trails, grey cannot tell.
-VERDICT_COLOURS = {HOLDS: "#1b9e77", DOES_NOT_HOLD: "#d95f02", CANNOT_TELL: "#808080"}
+VERDICT_COLOURS = {HOLDS: "#1b9e77", DOES_NOT_HOLD: "#d62728", CANNOT_TELL: "#808080"}
 
 
 def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
