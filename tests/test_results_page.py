@@ -476,6 +476,7 @@ def test_the_settings_and_cost_section_sums_the_rounds_and_names_the_grid(result
 def test_the_readings_figure_draws_each_seeds_late_difference_in_its_verdicts_colour(results):
     """Per setting, one row per method: a dot at each seed's late difference to FedAvg (the
     rule's own numbers, recomputed here from the metrics files), coloured by the verdict."""
+    # (pyplot only here, under Agg as build_page sets it: the other tests draw no figure)
     import matplotlib
 
     matplotlib.use("Agg", force=False)

@@ -134,7 +134,7 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
 
 def line_chart_png(fig) -> bytes:
     """``fig`` as a PNG with a 64-colour palette: a line chart's dozen colours and their
-    anti-aliased edges look the same as at 256 colours, in about four fifths of the bytes
+    anti-aliased edges look the same as at 256 colours, in about two thirds of the bytes
     (notebook 10 stores four of these and must stay small enough to open quickly)."""
     rendered = io.BytesIO()
     fig.savefig(rendered, format="png", dpi=100, bbox_inches="tight")

@@ -270,7 +270,6 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     return fig
 
 
-
 # The reading figure's colour per verdict: green leads, red trails, grey cannot tell.
 VERDICT_COLOURS = {HOLDS: "#1b9e77", DOES_NOT_HOLD: "#d62728", CANNOT_TELL: "#808080"}
 
@@ -312,6 +311,7 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
                   [v for v in VERDICT_COLOURS if v in shown], fontsize=8, loc="best")
     fig.tight_layout()
     return fig
+
 
 # config fields that say where or how a run was kept, not what it computed: left out of the
 # settings a page lists
