@@ -2,6 +2,7 @@
 tiny notebooks and grid files for the sweep tests."""
 
 import json
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -164,8 +165,6 @@ def assert_falls_back_to_loop(config, monkeypatch, *words: str) -> None:
 def fail_halfway(monkeypatch, module, point: int, code: int) -> None:
     """``module``'s point-th ``write_atomically`` fails with OSError(``code``) halfway through
     its file (a full disk, a folder made read-only), the others write as usual."""
-    import os
-
     real, count = module.write_atomically, [0]
 
     def failing(path, write):
