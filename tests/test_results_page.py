@@ -157,8 +157,28 @@ def test_regenerating_gives_the_same_page(results, tmp_path, capsys):
     assert cli_main(["results-page", str(results), "--out", str(other)]) == 0
     assert other.read_text() == first
     assert (other.parent / "evidence-curves.png").read_bytes() == picture
+    # the reading rule's picture beside it, shown under the differences' table, the same too
+    dots = results_page.readings_png(png)
+    assert dots.name == "evidence-readings.png" and f"]({dots.name})" in first
+    assert (other.parent / dots.name).read_bytes() == dots.read_bytes()
+    assert first.index(f"]({dots.name})") > first.index("## Differences to FedAvg")
     results_page.build_page(results)
     assert page.read_text() == first
+
+
+def test_a_folder_with_no_method_beside_fedavg_has_no_readings_picture(results):
+    """Only FedAvg runs: nothing to read, so no picture (and none left from an earlier page
+    of the same folder) and no broken image link."""
+    import shutil
+
+    page, png = results_page.build_page(results)
+    assert results_page.readings_png(png).is_file()
+    for cell in (results / "cells").iterdir():
+        if "FedAvg" not in cell.name:
+            shutil.rmtree(cell)
+    page, png = results_page.build_page(results)
+    assert not results_page.readings_png(png).exists()
+    assert "readings.png" not in page.read_text()
 
 
 def test_empty_folder_is_a_one_line_error(tmp_path, capsys):
@@ -288,6 +308,9 @@ def test_a_notebook_shows_the_pages_reading_or_says_in_one_line_where_it_is(
     shown = evidence.sections(text)
     for section in ("Differences to FedAvg, beside the papers'", "Reading"):
         part = page.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0].strip()
+        # less the page's picture of the readings: a notebook draws that figure itself
+        part = "\n".join(line for line in part.splitlines()
+                         if not line.startswith("![")).strip()
         assert f"### {section}\n\n{part}" in shown
     assert OURS not in shown and PAPERS not in shown
     monkeypatch.setattr(evidence, "STUDIES", {**evidence.STUDIES, "evidence": evidence.Study(

@@ -432,9 +432,15 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def readings_png(curves_png: Path) -> Path:
+    """Where build_page puts the reading rule's picture: beside the curves PNG."""
+    return curves_png.with_name(curves_png.name.replace("-curves.png", "-readings.png"))
+
+
 def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path, Path]:
-    """Write the page (default: README.md in the results folder's parent) and its curves PNG
-    beside it; return both paths."""
+    """Write the page (default: README.md in the results folder's parent), its curves PNG
+    beside it and, where a method runs beside FedAvg, the reading rule's picture
+    (``readings_png``); return the page's and the curves' paths."""
     results = Path(results)
     runs = load_runs(results)
     if not runs:
@@ -453,11 +459,20 @@ def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path
     fig = curves_figure(groups)
     fig.savefig(png, dpi=110, metadata={"Software": None})
     plt.close(fig)
-    out.write_text(page_text(results, groups, os.path.relpath(png, out.parent)))
+    dots, dots_png = readings_figure(groups), readings_png(png)
+    if dots is None:  # no reading to draw: no picture left from an earlier page either
+        dots_png.unlink(missing_ok=True)
+    else:
+        dots.savefig(dots_png, dpi=110, metadata={"Software": None})
+        plt.close(dots)
+    out.write_text(page_text(results, groups, os.path.relpath(png, out.parent),
+                             os.path.relpath(dots_png, out.parent) if dots else ""))
     return out, png
 
 
-def page_text(results: Path, groups: dict, png: str) -> str:
+def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> str:
+    """The page's markdown; ``png`` and ``readings_png`` the pictures' paths relative to it
+    (no readings picture where empty)."""
     papers = _paper_cells()
     runs = [r for by_method in groups.values() for rs in by_method.values() for r in rs]
     at_rounds = checkpoints(runs)
@@ -545,6 +560,10 @@ def page_text(results: Path, groups: dict, png: str) -> str:
                          f"| {shown} | {cell_text} |")
             readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}"
                             + (f" {note[0].upper()}{note[1:]}." if note else ""))
+    if readings_png:
+        lines += ["", f"![per method, each seed's late difference to {BASELINE} (a dot), their "
+                  "mean (a bar), coloured by the reading: green holds, red does not hold, grey "
+                  f"cannot tell]({readings_png})"]
     stand_ins = [f"Our {'/'.join(setting)} stands in for the paper's {'/'.join(paper)}: its "
                  "rows show the paper's cells of that setting." for setting, paper in
                  paper_of.items() if tuple(setting) != tuple(paper)]
@@ -644,5 +663,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_results_page(args: argparse.Namespace) -> int:
     page, png = build_page(args.results, args.out)
-    print(f"wrote {page} and {png}")
+    dots = readings_png(png)
+    print(f"wrote {page}, {png}" + (f" and {dots}" if dots.is_file() else ""))
     return 0
