@@ -63,11 +63,12 @@ def table(csv: Path, top: int) -> str:
         cpu[name] += float(busy)
         count[name] += 1
     total = sum(cpu.values())
+    shown = dict(cpu.most_common(top))
     lines = ["| file | tests | wall s | CPU s | share of CPU |", "|---|---:|---:|---:|---:|"]
-    for name, busy in cpu.most_common(top):
+    for name, busy in shown.items():
         lines.append(f"| {name} | {count[name]} | {wall[name]:.0f} | {busy:.0f} | "
                      f"{busy / total:.1%} |")
-    rest = [n for n in cpu if n not in dict(cpu.most_common(top))]
+    rest = [n for n in cpu if n not in shown]
     if rest:
         lines.append(f"| {len(rest)} other files | {sum(count[n] for n in rest)} | "
                      f"{sum(wall[n] for n in rest):.0f} | {sum(cpu[n] for n in rest):.0f} | "
