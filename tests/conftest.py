@@ -41,9 +41,24 @@ def tiny_config() -> RunConfig:
 # The longest files first: with two workers (make test), each takes a long file at the start
 # instead of one worker running the browser test alone at the end.
 LONGEST_FIRST = ("test_browser.py", "test_browser_b.py", "test_sweep_ray.py")
+BROWSER_DRIVE = "test_notebook_runs_and_every_control_redraws"
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
+def pytest_collection_modifyitems(config, items):
+    """Longest files first; and a teaching notebook the browser test drives in this session,
+    comparing its checked outputs as nbval does (its CHECKED_HERE), is not also run by nbval:
+    its nbval cells are deselected (where the browser cannot run, its module is skipped at
+    collection, and nbval runs the notebook as before)."""
+    driven = {item.callspec.params["name"] for item in items
+              if getattr(item, "originalname", None) == BROWSER_DRIVE
+              and item.callspec.params["name"] in getattr(item.module, "CHECKED_HERE", ())}
+    twice = [item for item in items if item.path.suffix == ".ipynb" and item.path.stem in driven]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        items[:] = [item for item in items if item.path.stem not in driven
+                    or item.path.suffix != ".ipynb"]
+
     def rank(item) -> int:
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

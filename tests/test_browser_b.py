@@ -6,7 +6,14 @@ its own JupyterLab and Chromium (the fixtures are module-scoped)."""
 from __future__ import annotations
 
 import pytest
-from test_browser import HERE, TEACHING, browser, drive_notebook, lab  # noqa: F401
+from test_browser import (  # noqa: F401
+    CHECKED_HERE,
+    HERE,
+    TEACHING,
+    browser,
+    drive_notebook,
+    lab,
+)
 
 THERE = [name for name in TEACHING if name not in HERE]
 

@@ -435,6 +435,40 @@ def _differing_pixels(png_a: bytes, png_b: bytes) -> int:
     return int((np.abs(a - b).sum(-1) > 30).sum())
 
 
+@pytest.mark.parametrize("name", list(FAST))
+def test_every_control_at_its_ends_draws_what_a_fresh_figure_draws(name):
+    """Every enabled slider to its top and bottom, every dropdown to its last and first
+    option, one after another as a student leaves them (set through the observer, as the
+    browser sets them): each redraw raises nothing and shows what a fresh full draw of that
+    setting shows. The browser test types one end per explorer into a readout; the ends of
+    every control are checked here, where they cost a redraw, not a browser round trip."""
+    ex = getattr(widgets, name)(**FAST[name])
+    ex.png()
+    moved = 0
+    for control, widget in ex.controls.items():
+        if widget.disabled:
+            continue
+        if isinstance(widget, W.Dropdown):
+            ends = [widget.options[-1], widget.options[0]]
+        elif isinstance(widget, W.Checkbox):
+            ends = [not widget.value, widget.value]
+        else:
+            ends = [widget.max, widget.min]
+        for value in ends:
+            if widget.disabled or widget.value == value:
+                continue
+            ex.last_png = None
+            widget.value = value
+            shown = ex.last_png
+            assert shown is not None, f"{name}: {control} = {value} did not redraw"
+            fig = ex.figure()
+            fresh = widgets.figure_png(fig)
+            plt.close(fig)
+            assert _differing_pixels(shown, fresh) <= 20, f"{name}: {control} = {value}"
+            moved += 1
+    assert moved >= len(ex.controls), f"{name}: only {moved} ends reached"
+
+
 FIRST_MOVES = [(name, control) for name, controls in {
     "mutation_explorer": ["alpha", "beta", "qp_prob", "kind", "layerwise", "num_models"],
     "client_explorer": ["shift", "depth_spread", "num_clients", "level"],
