@@ -444,6 +444,43 @@ def test_a_diverged_run_is_named_wherever_its_claim_is_read(results, capsys):
     assert not any("diverged" in c for c in claims if "FedQP" not in c or "iid" in c)
 
 
+def test_the_readings_figure_rings_the_seed_whose_run_diverged(results):
+    """The page's table says "(a run diverged)"; its picture rings that seed's dot (an
+    unfilled marker in the verdict's colour, with a legend entry), the other seeds' dots
+    stay filled."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    run_dir = results / "cells" / "dir=0.1_FedQP_seed1-00000001" / "runs" / "fedqp" / "seed1"
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps(dict(meta, status="diverged")))
+    groups = results_page.by_setting(load_runs(results))
+    setting = next(s for s in groups if s[2] == "dir=0.1")
+    reading = results_page.late_reading(groups[setting]["FedQP"], groups[setting]["FedAvg"])
+    colour = results_page.VERDICT_COLOURS[reading.verdict]
+    fig = results_page.readings_figure(groups)
+    try:
+        ax = next(a for a in fig.axes if "dir=0.1" in a.get_title())
+        row = [t.get_text() for t in ax.get_yticklabels()].index("FedQP")
+        dots = [c for c in ax.collections if set(c.get_offsets()[:, 1]) == {row}]
+        ring = [c for c in dots if not len(c.get_facecolor()) or c.get_facecolor()[0][3] == 0]
+        filled = [c for c in dots if c not in ring]
+        by_seed = {s.seed: s.difference for s in reading.seeds}
+        assert len(ring) == 1 and list(ring[0].get_offsets()[:, 0]) == [by_seed[1]]
+        assert to_hex(ring[0].get_edgecolor()[0]) == colour
+        assert sorted(filled[0].get_offsets()[:, 0]) == sorted(
+            d for seed, d in by_seed.items() if seed != 1)
+        assert results_page.DIVERGED_SEED in [t.get_text() for t in ax.get_legend().texts]
+        others = [a for a in fig.axes if a is not ax]
+        assert all(results_page.DIVERGED_SEED not in [t.get_text() for t in a.get_legend().texts]
+                   for a in others)
+    finally:
+        plt.close(fig)
+
+
 def test_a_panel_names_the_model_its_runs_trained_where_the_label_names_another():
     """The tables' "CNN" row of the seed code is its LeNet: the panel says which model ran."""
     def runs(model):

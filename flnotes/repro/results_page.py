@@ -274,14 +274,22 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
 VERDICT_COLOURS = {HOLDS: "#1b9e77", DOES_NOT_HOLD: "#d62728", CANNOT_TELL: "#808080"}
 
 
+DIVERGED_SEED = "a run of this seed diverged"  # the readings picture's legend for a ring
+
+
 def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """The reading rule as a picture, one panel per setting with a FedAvg run: per method,
-    each seed's late difference to FedAvg (a dot), their mean (a bar) and the rule's verdict
-    (the colour). Methods sorted by the mean; the spread the rule compares against is the
-    width of each row's dots. None when no setting has a method beside FedAvg."""
+    each seed's late difference to FedAvg (a dot; a ring where the method's or FedAvg's run
+    of that seed diverged, as the page's table says), their mean (a bar) and the rule's
+    verdict (the colour). Methods sorted by the mean; the spread the rule compares against
+    is the width of each row's dots. None when no setting has a method beside FedAvg."""
     import matplotlib.pyplot as plt
 
-    panels = {setting: [(m, late_reading(runs, by_method[BASELINE]))
+    def diverged_seeds(runs: list[Run]) -> set[int]:
+        return {r.seed for r in runs if r.status == "diverged"}
+
+    panels = {setting: [(m, late_reading(runs, by_method[BASELINE]),
+                         diverged_seeds(runs) | diverged_seeds(by_method[BASELINE]))
                         for m, runs in by_method.items() if m != BASELINE]
               for setting, by_method in groups.items() if BASELINE in by_method}
     panels = {k: sorted((r for r in v if r[1].seeds), key=lambda r: r[1].mean)
@@ -293,22 +301,27 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 1.0 + 0.32 * rows),
                              squeeze=False)
     for ax, (setting, readings) in zip(axes.flat, panels.items(), strict=True):
-        for y, (_, result) in enumerate(readings):
+        for y, (_, result, diverged) in enumerate(readings):
             colour = VERDICT_COLOURS[result.verdict]
-            ax.scatter([s.difference for s in result.seeds], [y] * len(result.seeds),
-                       s=22, color=colour, zorder=3, label=result.verdict)
+            for ring in (False, True):
+                seeds = [s for s in result.seeds if (s.seed in diverged) == ring]
+                if seeds:
+                    ax.scatter([s.difference for s in seeds], [y] * len(seeds), s=22,
+                               zorder=3, facecolors="none" if ring else colour,
+                               edgecolors=colour, linewidths=1.2,
+                               label=DIVERGED_SEED if ring else result.verdict)
             ax.plot([result.mean] * 2, [y - 0.3, y + 0.3], color=colour, lw=2)
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(range(len(readings)), [m for m, _ in readings], fontsize=8)
+        ax.set_yticks(range(len(readings)), [m for m, *_ in readings], fontsize=8)
         ax.set_ylim(-0.7, len(readings) - 0.3)
         ax.set_xlabel(f"mean over {readings[-1][1].window()}\nminus {BASELINE} (points)",
                       fontsize=9)
         ax.set_title(panel_title(setting, groups[setting]), fontsize=10)
         ax.grid(axis="x", alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
-        shown = dict(zip(labels, handles, strict=True))  # one entry per verdict
-        ax.legend([shown[v] for v in VERDICT_COLOURS if v in shown],
-                  [v for v in VERDICT_COLOURS if v in shown], fontsize=8, loc="best")
+        shown = dict(zip(labels, handles, strict=True))  # one entry per verdict, one ring
+        order = [v for v in (*VERDICT_COLOURS, DIVERGED_SEED) if v in shown]
+        ax.legend([shown[v] for v in order], order, fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
