@@ -631,11 +631,10 @@ class Mover:
     def extremes(self, cell) -> None:
         """One slider of the explorer typed to its far end in its readout (a float one where
         there is one: its typed text is the likelier to be misread), a move that must redraw
-        as a fresh draw without an error. The ends of every control
-        are checked in process (tests/test_widgets.py), where each costs a redraw rather
-        than a browser round trip; FLNOTES_BROWSER_THOROUGH=1 types both ends (and the
-        midpoint) of every slider and picks every dropdown's first and last option here too.
-        """
+        as a fresh draw without an error. The ends of every control are checked in process
+        (tests/test_widgets.py), where each costs a redraw rather than a browser round trip;
+        FLNOTES_BROWSER_THOROUGH=1 types both ends (and the midpoint) of every slider and
+        picks every dropdown's first and last option here too."""
         controls = [(kind, label, row) for kind, label, row in _controls(cell)
                     if not _disabled(kind, row)]
         if not THOROUGH:
