@@ -435,38 +435,63 @@ def _differing_pixels(png_a: bytes, png_b: bytes) -> int:
     return int((np.abs(a - b).sum(-1) > 30).sum())
 
 
-@pytest.mark.parametrize("name", list(FAST))
-def test_every_control_at_its_ends_draws_what_a_fresh_figure_draws(name):
-    """Every enabled slider to its top and bottom, every dropdown to its last and first
-    option, one after another as a student leaves them (set through the observer, as the
-    browser sets them): each redraw raises nothing and shows what a fresh full draw of that
-    setting shows. The browser test types one end per explorer into a readout; the ends of
-    every control are checked here, where they cost a redraw, not a browser round trip."""
-    ex = getattr(widgets, name)(**FAST[name])
+# Starting settings under which the ends test moves an explorer's controls: together they
+# enable every control (beta only under sign mutations, which disable num_models).
+ENDS_STARTS = [(name, {}) for name in FAST] + [("mutation_explorer", {"kind": "sign"})]
+
+
+def _ends(widget) -> list:
+    if isinstance(widget, W.Dropdown):
+        return [widget.options[-1], widget.options[0]]
+    if isinstance(widget, W.Checkbox):
+        return [not widget.value, widget.value]
+    return [widget.max, widget.min]
+
+
+@pytest.mark.parametrize("name, start", ENDS_STARTS)
+def test_every_control_at_its_ends_draws_what_a_fresh_figure_draws(name, start):
+    """Every control enabled at the start to both of its ends (a slider's top and bottom, a
+    dropdown's last and first option, a checkbox both ways), one after another as a student
+    leaves them, set through the observer as the browser sets them: each redraw raises
+    nothing and shows what a fresh full draw of that setting shows. Sliders first, dropdowns
+    last, so that no option disables a control still to be moved. The browser test types
+    one end per explorer into a readout; every control's ends are checked here, where each
+    costs a redraw, not a browser round trip."""
+    ex = getattr(widgets, name)(**{**FAST[name], **start})
     ex.png()
-    moved = 0
-    for control, widget in ex.controls.items():
-        if widget.disabled:
-            continue
-        if isinstance(widget, W.Dropdown):
-            ends = [widget.options[-1], widget.options[0]]
-        elif isinstance(widget, W.Checkbox):
-            ends = [not widget.value, widget.value]
-        else:
-            ends = [widget.max, widget.min]
-        for value in ends:
+    enabled = [c for c, w in ex.controls.items() if not w.disabled]
+    order = sorted(enabled, key=lambda c: (isinstance(ex.controls[c], W.Dropdown),
+                                           isinstance(ex.controls[c], W.Checkbox)))
+    held = {c: {ex.controls[c].value} for c in order}
+    for control in order:
+        widget = ex.controls[control]
+        for value in _ends(widget):
             if widget.disabled or widget.value == value:
                 continue
             ex.last_png = None
             widget.value = value
+            held[control].add(widget.value)
             shown = ex.last_png
             assert shown is not None, f"{name}: {control} = {value} did not redraw"
             fig = ex.figure()
             fresh = widgets.figure_png(fig)
             plt.close(fig)
             assert _differing_pixels(shown, fresh) <= 20, f"{name}: {control} = {value}"
-            moved += 1
-    assert moved >= len(ex.controls), f"{name}: only {moved} ends reached"
+    missed = {c: sorted(set(_ends(ex.controls[c])) - held[c], key=str) for c in order
+              if not set(_ends(ex.controls[c])) <= held[c]}
+    assert not missed, f"{name}: controls never at these ends: {missed}"
+
+
+def test_the_ends_test_starts_enable_every_control():
+    """ENDS_STARTS leave no control of any explorer unmoved: each is enabled in one start."""
+    enabled: dict[str, set] = {}
+    for name, start in ENDS_STARTS:
+        ex = getattr(widgets, name)(**{**FAST[name], **start})
+        enabled.setdefault(name, set()).update(c for c, w in ex.controls.items()
+                                               if not w.disabled)
+        assert set(ex.controls) - enabled[name] <= {"beta", "num_models"}, name
+    for name in FAST:
+        assert enabled[name] == set(getattr(widgets, name)(**FAST[name]).controls), name
 
 
 FIRST_MOVES = [(name, control) for name, controls in {

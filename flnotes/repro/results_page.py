@@ -284,6 +284,7 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     verdict (the colour). Methods sorted by the mean; the spread the rule compares against
     is the width of each row's dots. None when no setting has a method beside FedAvg."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     def diverged_seeds(runs: list[Run]) -> set[int]:
         return {r.seed for r in runs if r.status == "diverged"}
@@ -320,6 +321,9 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
         ax.grid(axis="x", alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         shown = dict(zip(labels, handles, strict=True))  # one entry per verdict, one ring
+        if DIVERGED_SEED in shown:  # the ring's entry in black: it means any verdict's ring
+            shown[DIVERGED_SEED] = Line2D([], [], marker="o", linestyle="", markersize=5,
+                                          markerfacecolor="none", markeredgecolor="black")
         order = [v for v in (*VERDICT_COLOURS, DIVERGED_SEED) if v in shown]
         ax.legend([shown[v] for v in order], order, fontsize=8, loc="best")
     fig.tight_layout()
