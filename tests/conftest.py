@@ -64,8 +64,7 @@ def pytest_collection_modifyitems(config, items):
     twice = [item for item in items if item.path.suffix == ".ipynb" and item.path.stem in driven]
     if twice:
         config.hook.pytest_deselected(items=twice)
-        items[:] = [item for item in items if item.path.stem not in driven
-                    or item.path.suffix != ".ipynb"]
+        items[:] = [item for item in items if item not in twice]
 
     def rank(item) -> int:
         name = item.path.name

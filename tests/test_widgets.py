@@ -489,7 +489,6 @@ def test_the_ends_test_starts_enable_every_control():
         ex = getattr(widgets, name)(**{**FAST[name], **start})
         enabled.setdefault(name, set()).update(c for c, w in ex.controls.items()
                                                if not w.disabled)
-        assert set(ex.controls) - enabled[name] <= {"beta", "num_models"}, name
     for name in FAST:
         assert enabled[name] == set(getattr(widgets, name)(**FAST[name]).controls), name
 
