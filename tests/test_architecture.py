@@ -8,6 +8,7 @@ so a lazy import that would close a cycle counts as much as a top-level one. Imp
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,47 @@ def test_no_code_names_an_issue_number():
     found = [f"{path.relative_to(PACKAGE)}:{i}" for path in sorted(PACKAGE.rglob("*.py"))
              for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, found
+
+
+# An import sits inside a function only when importing it costs what most callers never need
+# (a plotting, table or notebook library, an optional extra), and says so on its line or the
+# line above. The package's own modules, the standard library and what `import flnotes`
+# loads anyway belong at the top.
+LOADED_ANYWAY = {*sys.stdlib_module_names, "flnotes", "torch", "numpy", "tqdm", "yaml"}
+HEAVY_SUBMODULES = ("torch.utils.tensorboard", "flnotes.repro.tables",  # the latter two: pandas
+                    "flnotes.repro.paper_tables")
+
+
+def unexplained_imports_in_functions(source: str) -> list[str]:
+    """'line: module' for each import inside a function that is cheap or says no reason."""
+    lines = source.splitlines()
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            cheap = (module.split(".")[0] in LOADED_ANYWAY
+                     and not module.startswith(HEAVY_SUBMODULES))
+            above = node.lineno - 2  # the line above the run of imports it stands in
+            while above > 0 and lines[above].lstrip().startswith(("import ", "from ")):
+                above -= 1
+            said = "#" in lines[node.lineno - 1] or lines[above].lstrip().startswith("#")
+            if cheap or not said:
+                found.append(f"{node.lineno}: {module}")
+    return found
+
+
+def test_imports_inside_functions_are_costly_ones_and_say_why():
+    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in unexplained_imports_in_functions(path.read_text())]
+    assert not found, found
+    made_up = ("def f():\n    import json  # why not\n    import pandas\n"
+               "    import seaborn  # lazy: slow\n"
+               "    from torch.utils.tensorboard import SummaryWriter  # optional\n")
+    assert unexplained_imports_in_functions(made_up) == ["2: json", "3: pandas"]
 
 
 def test_the_package_names_no_path_of_the_machine_it_was_written_on():

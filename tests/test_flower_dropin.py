@@ -14,8 +14,8 @@ any ClientApp.
   with the uninterrupted run's model and strategy state; another run's file is refused.
 - Nodes that join after round 1 are sampled from then on (numbered as first seen); a node
   that left is not sent a model; CluSamp keeps the nodes of round 1.
-- Each drop-in's signature names Flower FedAvg's arguments (help(), an IDE) and passes them
-  on.
+- Each drop-in's signature names Flower FedAvg's arguments (help(), Jupyter's tooltips) and
+  passes them on.
 """
 
 import inspect

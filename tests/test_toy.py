@@ -435,7 +435,7 @@ def test_warm_up_runs_each_method_once_and_keeps_nothing(monkeypatch):
         runs.append((config.algorithm, config.rounds, list(chosen)))
         return own(config, chosen, **kwargs)
 
-    monkeypatch.setattr(seeds, "run_seeds", counted)
+    monkeypatch.setattr(experiments, "run_seeds", counted)
     kept = dict(experiments._RACES)
     experiments.warm_up(["fedavg", "fml", "clusamp"])
     experiments.warm_up(["fedavg", "fml", "fedsam"])
@@ -458,7 +458,7 @@ def test_warm_up_runs_each_method_once_and_keeps_nothing(monkeypatch):
     worker.join()
     assert runs[-1][0] == "fedsam"
     # A method that fails to run is no error of the explorer's cell.
-    monkeypatch.setattr(seeds, "run_seeds", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(experiments, "run_seeds", lambda *a, **k: 1 / 0)
     experiments.warm_up(["fedmut"])
 
 

@@ -75,7 +75,7 @@ def test_displayed_explorer_updates_its_image_in_place(monkeypatch):
         shown.append(obj)
         return Handle() if display_id else None
 
-    monkeypatch.setattr("IPython.display.display", fake_display)
+    monkeypatch.setattr(widgets, "display", fake_display)
     explorer = widgets.shift_explorer()
     explorer._ipython_display_()
     # the picture (a plain image output: what a saved copy keeps), a line saying how to
@@ -100,7 +100,7 @@ def test_a_displayed_explorer_has_built_its_figure_before_the_first_move(monkeyp
     later move does, and shows what a fresh figure shows."""
     import numpy as np
 
-    monkeypatch.setattr("IPython.display.display",
+    monkeypatch.setattr(widgets, "display",
                         lambda obj, display_id=False, raw=False: None)
     ex = getattr(widgets, name)(**FAST[name])
     ex._ipython_display_()
@@ -206,7 +206,7 @@ def test_mutation_drawing_depends_on_p():
 
     widgets._mutation_panels.cache_clear()  # an earlier test may have drawn this setting
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(toy, "mutation_points", spy)
+        mp.setattr(widgets, "mutation_points", spy)
         widgets.draw_mutations(qp_prob=0.7, num_models=4)
     assert 0.0 in calls and 0.7 in calls  # FedMut panel (no projection) and FedQP panel
 
@@ -918,7 +918,6 @@ def test_a_worker_that_fails_leaves_the_last_picture_and_says_why(monkeypatch):
 def test_only_a_widget_message_to_a_running_kernel_moves_in_the_background(monkeypatch):
     """The worker is for moves made in the page (a comm message); a cell's code, the tests
     and the benchmark (no kernel) draw synchronously."""
-    import IPython
 
     assert widgets.Explorer._page_move_loop() is None  # no kernel here
 
@@ -935,7 +934,7 @@ def test_only_a_widget_message_to_a_running_kernel_moves_in_the_background(monke
     for msg_type, wanted in (("comm_msg", True), ("execute_request", False)):
         kernel = Kernel(msg_type)
         shell = type("Shell", (), {"kernel": kernel})()
-        monkeypatch.setattr(IPython, "get_ipython", lambda shell=shell: shell)
+        monkeypatch.setattr(widgets, "get_ipython", lambda shell=shell: shell)
         assert (widgets.Explorer._page_move_loop() is kernel.io_loop) is wanted, msg_type
 
 

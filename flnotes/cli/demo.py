@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from flnotes.config import RunConfig
+from flnotes.engine.sim import run
+from flnotes.messages import on_terminal
+from flnotes.plots import plot_learning_curves
+from flnotes.repro.notebooks import run_teaching_notebooks
 
 # --quick: a few rounds and the first notebook only (a check that an install works).
 QUICK_ROUNDS = 3
@@ -14,11 +20,6 @@ QUICK_NOTEBOOK_PARAMETERS = {"rounds": 5}
 def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> int:
     """Run the demo preset with FedAvg and FedMut, print accuracies, save a PNG, then run
     the teaching notebooks headless (``quick``: 3 rounds and notebook 00 alone)."""
-    from tqdm.auto import tqdm
-
-    from flnotes.engine.sim import run
-    from flnotes.messages import on_terminal
-    from flnotes.plots import plot_learning_curves
 
     out.mkdir(parents=True, exist_ok=True)
     histories = {}
@@ -48,8 +49,6 @@ def main_job(out: Path, skip_notebooks: bool = False, quick: bool = False) -> in
     fig.savefig(png, dpi=120)
     print(f"learning curve: {png}")
     if not skip_notebooks:
-        from flnotes.repro.notebooks import run_teaching_notebooks
-
         # save_figures: each notebook writes its key figures as PNGs next to its copy.
         parameters = {"save_figures": True, **(QUICK_NOTEBOOK_PARAMETERS if quick else {})}
         run_teaching_notebooks(out / "notebooks", parameters, first=1 if quick else None)

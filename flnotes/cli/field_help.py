@@ -7,6 +7,8 @@ settings carry their help in their declarations (flnotes.algorithms.settings);
 
 from collections.abc import Iterator, Mapping
 
+from flnotes.algorithms import all_settings
+
 # One line of help per common field (the command line's --help; widgets may show them
 # too). Each says what the field does; choices and defaults are added by the command line.
 COMMON_HELP = {
@@ -60,8 +62,6 @@ class _FieldHelp(Mapping):
     """Help of every field: the common ones above, each method setting's own declaration."""
 
     def _settings(self) -> dict:
-        from flnotes.algorithms import all_settings
-
         return all_settings()
 
     def __getitem__(self, name: str) -> str:

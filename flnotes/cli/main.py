@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from flnotes.algorithms import algorithm_class, algorithm_names, all_settings, settings_of
+from flnotes.cli.demo import main_job
 from flnotes.cli.field_help import FIELD_HELP
 from flnotes.cli.run import (
     EXIT_INTERRUPTED,
@@ -35,8 +37,20 @@ from flnotes.config import (
     field_names,
     model_names,
 )
+from flnotes.config.presets import describe, preset_names, preset_values, summary
+from flnotes.config.runconfig import only_read
 from flnotes.config.yaml_text import DuplicateKey, read_yaml
+from flnotes.data.registry import dataset_names
+from flnotes.engine.sim import RESUMABLE_CHANGES
+from flnotes.engine.tracking import parse_loggers
 from flnotes.messages import did_you_mean, os_error_line
+from flnotes.repro import figures as figures_cli
+from flnotes.repro import results_page as page_cli
+from flnotes.repro import sweep as sweep_cli
+from flnotes.repro import tables as tables_cli
+from flnotes.repro.grid import __doc__ as grid_doc
+from flnotes.repro.notebooks import copy_notebooks
+from flnotes.repro.paper_tables import methods_markdown
 
 DESCRIPTION = """\
 Federated-learning methods to run, study and compare with their papers. Commands: run
@@ -78,8 +92,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def _field_choices() -> dict[str, list[str]]:
     """The allowed values of the common fields that take a name, for --help."""
-    from flnotes.algorithms import algorithm_names
-    from flnotes.data.registry import dataset_names
 
     return {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
             "partition": list(PARTITIONS), "backend": list(BACKENDS),
@@ -127,7 +139,6 @@ def _setting_type(setting):
 def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -> None:
     """One flag per RunConfig field, defaulting to 'not given': the common fields, then one
     group per method with the settings it declares (``only``: that method's group alone)."""
-    from flnotes.algorithms import algorithm_names, all_settings, settings_of
 
     hints = typing.get_type_hints(RunConfig)
     choices = _field_choices()
@@ -156,7 +167,6 @@ def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -
         own = [s for n, s in settings_of(algorithm).items() if n not in placed or only]
         if not own:
             continue
-        from flnotes.algorithms import algorithm_class
 
         label = algorithm_class(algorithm).label or algorithm
         group = parser.add_argument_group(f"{label} settings (--algorithm {algorithm})")
@@ -199,7 +209,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if "data_options" in values:  # KEY=VALUE adds to (or changes) the stored options
             values["data_options"] = {**(stored.get("data_options") or {}),
                                       **values["data_options"]}
-        from flnotes.config.runconfig import only_read
 
         try:  # the file's own problems, named as the file's
             RunConfig.from_dict(_said(stored), strict=True)
@@ -221,7 +230,6 @@ def _said(stored: dict) -> dict:
     their default: a run folder written before settings belonged to methods holds every
     method's, at its default, and says nothing by them. Any other such setting stays, for
     the strict check to refuse as it refuses the flag."""
-    from flnotes.algorithms import algorithm_names, all_settings, settings_of
 
     algorithm = stored.get("algorithm", "fedavg")
     if algorithm not in algorithm_names():
@@ -291,7 +299,6 @@ def _stored_config(path: str, flag: str) -> dict:
 def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunConfig:
     """The config that continues run folder ``folder``: its config.json, with only the flags
     that leave its results as they are (more --rounds, another device, ...)."""
-    from flnotes.engine.sim import RESUMABLE_CHANGES
 
     for other in ("config", "preset"):
         if getattr(args, other, None) is not None:
@@ -331,7 +338,6 @@ def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunCon
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one configuration (``--seeds``: several), print each round, save a curve."""
-    from flnotes.engine.tracking import parse_loggers
 
     loggers = parse_loggers(getattr(args, "logger", None))  # before a config is read
     return run_command(config_from_args(args), getattr(args, "seeds", None),
@@ -360,7 +366,6 @@ def _seed_list(text: str) -> list[int]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The quick-start job: a small federated run on built-in defaults, with a plot."""
-    from flnotes.cli.demo import main_job
 
     if not str(args.out).strip() or "\0" in str(args.out):
         # Path("") is the current folder: the demo would write among whatever is there.
@@ -371,7 +376,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
     """Copy the notebook series into a folder to open in Jupyter."""
-    from flnotes.repro.notebooks import copy_notebooks
 
     copied = copy_notebooks(args.dest, force=args.force)  # checks the name: Path("") is "."
     dest = Path(args.dest)
@@ -381,7 +385,6 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every registered method, as the README's table (markdown)."""
-    from flnotes.repro.paper_tables import methods_markdown
 
     print(methods_markdown())
     return 0
@@ -389,7 +392,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     """List presets, or show one with the source of each value."""
-    from flnotes.config.presets import describe, preset_names, preset_values, summary
 
     if args.name:
         if args.name not in preset_names():
@@ -466,9 +468,6 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     p_nb.add_argument("--force", action="store_true",
                       help="replace notebooks already there (default: keep them)")
     p_nb.set_defaults(func=cmd_notebooks, command_parser=p_nb)
-    from flnotes.repro import sweep as sweep_cli
-    from flnotes.repro import tables as tables_cli
-    from flnotes.repro.grid import __doc__ as grid_doc
 
     # The help shows the grid file format too: it is what a user of the command writes.
     p_sweep = sub.add_parser("sweep", allow_abbrev=False,
@@ -482,8 +481,6 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                            "beside them")
     tables_cli.add_arguments(p_tab)
     p_tab.set_defaults(func=tables_cli.cmd_tables, command_parser=p_tab)
-    from flnotes.repro import figures as figures_cli
-    from flnotes.repro import results_page as page_cli
 
     p_fig = sub.add_parser("figures", allow_abbrev=False,
                            help="draw a paper's figure from a folder of runs (--list: which)")
@@ -518,7 +515,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def _help_algorithm(argv: list[str] | None) -> str | None:
     """NAME of ``run --algorithm NAME --help`` (a registered one), else None."""
-    from flnotes.algorithms import algorithm_names
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "run" or not {"-h", "--help"} & set(argv):

@@ -10,7 +10,11 @@ import math
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+from tqdm.auto import tqdm
+
 from flnotes.config import RunConfig
+from flnotes.engine.seeds import run_seeds
 from flnotes.engine.sim import (  # noqa: F401 (the command line's exit statuses)
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -27,7 +31,10 @@ from flnotes.engine.stops import (  # noqa: F401 (EXIT_READER_LEFT, send_nowhere
     reader_left,
     send_nowhere,
 )
+from flnotes.engine.tracking import Tracker, check_installed, logger_dir_problem
 from flnotes.messages import on_terminal
+from flnotes.plots import plot_learning_curves
+from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
@@ -52,7 +59,6 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     if logger_dir is not None and not loggers:  # else silently not used (as sweep says)
         raise ValueError("--logger-dir says where --logger writes: add --logger tensorboard "
                          "(or mlflow)")
-    from flnotes.engine.tracking import check_installed, logger_dir_problem
 
     problem = logger_dir_problem(logger_dir)
     if problem:
@@ -109,7 +115,6 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
             print(f"{name}: logged the {len(history.rows)} rounds of metrics.jsonl")
     if tracker:
         tracker.close(history.status)
-    from flnotes.plots import plot_learning_curves
 
     fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
     png = _save_curve(fig, Path(config.run_dir) / "learning_curve.png")
@@ -142,7 +147,6 @@ def _tracker(config: RunConfig, loggers: list[str] | None, logger_dir: str | Non
     """The run's Tracker (None without loggers): settings as the run records them."""
     if not loggers:
         return None
-    from flnotes.engine.tracking import Tracker
 
     return Tracker(loggers, config.run_dir, config.resolved().to_dict(), logger_dir)
 
@@ -180,9 +184,6 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     Loggers get each seed's rows once the seeds end (the stacked run has no per-round
     callback), each seed folder its own TensorBoard folder and MLflow run.
     """
-    from flnotes.engine.seeds import run_seeds
-    from flnotes.plots import plot_learning_curves
-    from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std
 
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
@@ -230,8 +231,6 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
 
 def _save_curve(fig, png: Path) -> str:
     """Save the curve; a disk that refuses it is a warning (the run itself is saved)."""
-    import matplotlib.pyplot as plt
-
     try:
         fig.savefig(png, dpi=120)
     except OSError as err:
@@ -303,8 +302,6 @@ def _write_line(line: str, above_bar: bool = True) -> None:
     each round at once."""
     try:
         if above_bar:
-            from tqdm.auto import tqdm
-
             tqdm.write(line)
         else:
             print(line)

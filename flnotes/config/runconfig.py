@@ -14,7 +14,21 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import torch
+
+from flnotes.algorithms import algorithm_class, algorithm_names, all_settings, readers, settings_of
+from flnotes.config.presets import (
+    BASELINE_READING,
+    SEED_REPOSITORY,
+    preset_names,
+    preset_values,
+    seed_code_baselines,
+)
+from flnotes.data.multitask import task_parts
+from flnotes.data.options import data_option_problems
+from flnotes.data.registry import composition_problem, dataset_names
 from flnotes.messages import did_you_mean
+from flnotes.models import model_names as registered
 
 PARTITIONS = ("iid", "dirichlet", "shards", "natural")
 BACKENDS = ("auto", "loop", "vmap")
@@ -121,7 +135,6 @@ class RunConfig:
     # ---- derived values -------------------------------------------------------
     def resolved(self) -> RunConfig:
         """A copy with every ``None`` default filled in for this algorithm and dataset."""
-        from flnotes.algorithms import algorithm_class
 
         cls = algorithm_class(self.algorithm)
         changes: dict[str, Any] = {}
@@ -200,13 +213,6 @@ class RunConfig:
         may carry several methods' values: fedmut-paper with algorithm='fedprox');
         ``overrides`` are the caller's own, so an unread one is an error.
         """
-        from flnotes.config.presets import (
-            BASELINE_READING,
-            SEED_REPOSITORY,
-            preset_names,
-            preset_values,
-            seed_code_baselines,
-        )
 
         if name not in preset_names():
             raise ValueError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; "
@@ -228,7 +234,6 @@ class RunConfig:
 def only_read(values: dict[str, Any], algorithm: str) -> dict[str, Any]:
     """``values`` without the method settings ``algorithm`` does not read (a preset's or a
     grid's values for several methods); common fields and unknown names stay (to be refused)."""
-    from flnotes.algorithms import algorithm_names
 
     if algorithm not in algorithm_names():
         return dict(values)
@@ -243,7 +248,6 @@ def common_field_names() -> list[str]:
 
 def field_names() -> list[str]:
     """Every name a config may be given: the common fields, then each method setting."""
-    from flnotes.algorithms import all_settings
 
     return common_field_names() + list(all_settings())
 
@@ -254,21 +258,16 @@ def config_field_names(algorithm: str) -> list[str]:
 
 
 def _method_settings(algorithm: str) -> dict:
-    from flnotes.algorithms import algorithm_names, settings_of
-
     return settings_of(algorithm) if algorithm in algorithm_names() else {}
 
 
 def _declarations(name: str) -> dict | None:
-    from flnotes.algorithms import all_settings
-
     return all_settings().get(name)
 
 
 def model_names() -> list[str]:
     """Every model name a config may use: the registered architectures and the toy's
     2-parameter model (built by the toy's own task, :mod:`flnotes.toy.task`)."""
-    from flnotes.models import model_names as registered
 
     return sorted(set(registered()) | {"toy"})
 
@@ -291,7 +290,6 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
     ``strict``: a method setting given that the chosen method does not read is an error
     (only those in ``strict_names`` when that is given).
     """
-    from flnotes.algorithms import algorithm_class, algorithm_names, readers
 
     common = {f.name: f for f in fields(RunConfig) if f.name != "method_settings"}
     if "method_settings" in values:  # dataclasses.replace and old callers pass it whole
@@ -359,9 +357,6 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
 
 def _problems(c: RunConfig):
     """Yield one message per invalid field: the field, the value and what is allowed."""
-    from flnotes.algorithms import algorithm_class, algorithm_names
-    from flnotes.data.multitask import task_parts
-    from flnotes.data.registry import composition_problem, dataset_names
 
     def bad(name: str, allowed: str) -> str:
         return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
@@ -430,8 +425,6 @@ def _problems(c: RunConfig):
     if not isinstance(c.data_options, dict):
         yield bad("data_options", "must be a dict of loader options")
     else:
-        from flnotes.data.options import data_option_problems
-
         for name in parts if parts is not None and not composition_problem(c.dataset) else [
                 c.dataset]:  # a composed dataset's options go to every task's loader
             yield from data_option_problems(name, c.data_options)
@@ -486,7 +479,6 @@ def _is_number(value: Any) -> bool:
 
 def _device_problem(device: str) -> str | None:
     """Why this machine cannot run on a (well-formed) device, or None if it can."""
-    import torch
 
     if device == "auto":
         return None
@@ -506,7 +498,6 @@ def _device_problem(device: str) -> str | None:
 def _valid_device(device: str) -> bool:
     if device == "auto":
         return True
-    import torch
 
     try:
         torch.device(device)

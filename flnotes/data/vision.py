@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from flnotes.data.tensors import TensorData, default_cache_dir, default_data_dir
 
@@ -121,8 +122,7 @@ def _image_files(split_dir: Path) -> tuple[list[str], list[str], list[int], int]
 
 def _decode_images(files: list[str], desc: str) -> torch.Tensor:
     """Decode image files to one uint8 tensor (N,3,H,W); every image must have the same size."""
-    from PIL import Image
-    from tqdm.auto import tqdm
+    from PIL import Image  # lazy: only a JPEG folder needs it
 
     arrays = []
     for f in tqdm(files, desc=desc, unit="img", mininterval=1.0):
@@ -327,7 +327,7 @@ def load_idx_dataset(
         dirs.append(DEBIAN_FASHION_MNIST)
     files = _find_idx_dir(dirs)
     if files is None and download:
-        import torchvision
+        import torchvision  # lazy: slow to import, only for CIFAR
 
         getattr(torchvision.datasets, tv_name)(root=str(data_dir), download=True)
         files = _find_idx_dir(dirs)

@@ -7,6 +7,7 @@ import json
 import platform
 import subprocess
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ class History:
 
     def to_frame(self):
         """Rows as a pandas DataFrame (one row per round)."""
-        import pandas as pd
+        import pandas as pd  # lazy: pandas costs ~0.35 s, runs need none
 
         frame = pd.DataFrame(self.rows)
         frame["algorithm"] = self.config.get("algorithm")
@@ -146,7 +147,6 @@ def code_version() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return "flnotes " + version("flnotes")

@@ -11,6 +11,7 @@ the settings hash and its check, the lock, reading and writing each file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -234,7 +235,6 @@ def _differences(stored: dict, wanted: dict, defaults: dict) -> list[str]:
 
 def _field_defaults(config) -> dict:
     """Each field's default for this config's method: common fields and its settings."""
-    import dataclasses
 
     values = {f.name: f.default for f in dataclasses.fields(config)
               if f.default is not dataclasses.MISSING}

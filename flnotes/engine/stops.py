@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -27,8 +30,6 @@ class ReaderLeft(KeyboardInterrupt):
 def send_nowhere(stream=None) -> None:
     """After a BrokenPipeError on ``stream`` (default stdout): the rest of it goes to
     os.devnull, so that neither a later line nor Python's flush at exit raises again."""
-    import os
-    import sys
 
     stream = sys.stdout if stream is None else stream
     os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
@@ -91,7 +92,6 @@ def exit_code(stop: KeyboardInterrupt) -> int:
 def terminate_like_ctrl_c():
     """Within the block, SIGTERM raises :class:`Terminated` in the main thread (the command
     line's runs and sweeps); the previous handler is put back after it."""
-    import signal
 
     def handler(signum, frame):
         raise Terminated()

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from flnotes.engine.history import read_metrics, read_run_json
 from flnotes.messages import did_you_mean
 
 LOGGERS = ("tensorboard", "mlflow")
@@ -107,8 +108,8 @@ class TensorBoardLogger:
         return self.log_dir.is_dir() and any(self.log_dir.glob("events.out.tfevents.*"))
 
     def _open(self, first_round: int) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard import SummaryWriter  # optional logger: lazy
+        from torch.utils.tensorboard.summary import hparams  # optional logger: lazy
 
         # A resumed run recomputes the rounds after its checkpoint: the events of those
         # rounds from the earlier start are hidden from TensorBoard.
@@ -160,7 +161,7 @@ class MLflowLogger:
             # MLflow 3 refuses a file store unless told to allow it: a folder is what this
             # logger is for (no server, no database); a user's own setting is kept.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            from mlflow.tracking import MlflowClient
+            from mlflow.tracking import MlflowClient  # optional logger: lazy
 
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
@@ -210,7 +211,7 @@ class MLflowLogger:
         return {run.data.tags.get(RUN_DIR_TAG) for run in self._runs()} - {None}
 
     def _open(self) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # optional logger: lazy
 
         client = self._connect()
         found = self._existing_run()
@@ -231,7 +232,7 @@ class MLflowLogger:
             client.log_batch(self._run_id, params=params[start:start + 100])
 
     def log_round(self, row: dict) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional logger: lazy
 
         if self._run_id is None:
             self._open()
@@ -390,7 +391,6 @@ def log_finished_folder(names: Iterable[str], run_dir: str | Path, logger_dir: s
     returns the loggers that got them. ValueError for a damaged folder (one line).
     ``mlflow_known``: the run folders the MLflow store holds (:func:`mlflow_run_dirs`, read
     once for many folders instead of a search of the store per folder)."""
-    from flnotes.engine.history import read_metrics, read_run_json
 
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir / "run.json")

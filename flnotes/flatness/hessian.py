@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
+from flnotes.engine.batched.functional import VmapLSTM
 from flnotes.rng import torch_generator
 
 Tensors = dict[str, torch.Tensor]
@@ -44,8 +45,6 @@ def template_of(model: ModelLike, device: torch.device | str | None = None) -> n
     # module as it was.
     module = copy.deepcopy(model) if isinstance(model, nn.Module) else model()
     if any(isinstance(m, nn.RNNBase) for m in module.modules()):
-        from flnotes.engine.batched.functional import VmapLSTM
-
         for name, child in list(module.named_modules()):
             if isinstance(child, nn.LSTM):
                 parent, _, leaf = name.rpartition(".")

@@ -22,6 +22,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flnotes.algorithms import build_strategy
+from flnotes.algorithms.fml import personal_factory
 from flnotes.config import RunConfig
 from flnotes.engine.backends import train_clients
 from flnotes.engine.sim import initial_state, settings_hash
@@ -140,7 +141,6 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
 
 def personal_accuracy(task, strategy, client: int) -> float:
     """FML: the client's personal model on its held-out rows (as FML.round_metrics)."""
-    from flnotes.algorithms.fml import personal_factory
 
     model = personal_factory(task, strategy.config.personal_models, client)()
     model.load_state_dict(strategy.personal[client])

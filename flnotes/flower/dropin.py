@@ -101,13 +101,8 @@ from flnotes.rng import torch_generator
 log = logging.getLogger("flwr")
 
 
-def _default(method: str, setting: str) -> Any:
-    """flnotes' declared default of a method's setting (the constructors' defaults)."""
-    return settings_of(method)[setting].default
-
-
-# Flower FedAvg's constructor arguments, which every drop-in lists and passes on unchanged.
-# They are spelled out in each signature (not taken as **kwargs) so that help(), an IDE and
+# Flower FedAvg's constructor arguments, which every drop-in takes and passes on unchanged.
+# They are named in DropInStrategy's signature (not taken as **kwargs) so that help() and
 # inspect.signature show them; their defaults are read from the installed FedAvg, so a drop-in
 # left at its defaults behaves as FedAvg does.
 FEDAVG_ARGUMENTS = tuple(name for name in inspect.signature(FedAvg.__init__).parameters
@@ -140,6 +135,33 @@ def _names_checked(init: Callable) -> Callable:
     return checked
 
 
+def _settings_constructor(cls: type[DropInStrategy]) -> Callable:
+    """A drop-in's ``__init__``: its method's flnotes settings as keywords (under the
+    ``renamed`` argument names, with flnotes' defaults), then DropInStrategy's own and Flower
+    FedAvg's; the signature is set on it, so help(), Jupyter's tooltips and inspect.signature
+    show every argument with its default."""
+    argument = {setting: name for name, setting in cls.renamed.items()}
+    declared = {argument.get(name, name): setting for name, setting in
+                settings_of(cls.method).items() if name not in cls.not_offered}
+    own = list(inspect.signature(DropInStrategy.__init__).parameters.values())
+    signature = inspect.Signature(
+        [own[0]]  # self; the rest after `settings`
+        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=setting.default,
+                             annotation=(setting.kind or type(setting.default)).__name__)
+           for name, setting in declared.items()] + own[2:])
+
+    def __init__(self, **kwargs: Any) -> None:
+        bound = signature.bind(self, **kwargs)
+        bound.apply_defaults()
+        given = dict(bound.arguments)
+        settings = {declared[name].name: given.pop(name) for name in declared}
+        DropInStrategy.__init__(given.pop("self"), settings, **given)
+
+    __init__.__signature__ = signature
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
 class DropInStrategy(FedAvg):
     """FedAvg whose round is a flnotes method's (see the module doc); subclasses name it.
 
@@ -161,10 +183,15 @@ class DropInStrategy(FedAvg):
     # constructor argument -> flnotes setting, where the names differ (FedExP's eps)
     renamed: dict[str, str] = {}
 
+    # settings of the method a drop-in does not offer (see the module doc)
+    not_offered: tuple[str, ...] = ()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "__init__" in cls.__dict__:  # every drop-in's constructor, a user's subclass too
+        if "__init__" in cls.__dict__:  # a user's subclass with its own constructor
             cls.__init__ = _names_checked(cls.__dict__["__init__"])
+        elif cls.__dict__.get("method"):  # a drop-in: its constructor, from its declarations
+            cls.__init__ = _names_checked(_settings_constructor(cls))
 
     @_names_checked
     def __init__(self, settings: dict[str, Any], *, seed: int = 0,
@@ -459,66 +486,12 @@ class FedMut(DropInStrategy):
 
     method = "fedmut"
 
-    def __init__(self, *, alpha: float = _default("fedmut", "alpha"),
-                 beta0: float = _default("fedmut", "beta0"),
-                 beta_rounds: int = _default("fedmut", "beta_rounds"),
-                 mutation: str = _default("fedmut", "mutation"), seed: int = 0,
-                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
-                 train_metrics_aggr_fn: MetricsAggregation | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(dict(alpha=alpha, beta0=beta0, beta_rounds=beta_rounds,
-                              mutation=mutation), seed=seed, weighting=weighting,
-                         state_file=state_file, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
-
 
 class FedQP(DropInStrategy):
     """FedQP (Weng et al., SEKE 2024): FedMut's mutants, each layer's mutation projected
     with probability ``qp_prob`` onto the half-space that agrees with g."""
 
     method = "fedqp"
-
-    def __init__(self, *, alpha: float = _default("fedqp", "alpha"),
-                 qp_prob: float = _default("fedqp", "qp_prob"),
-                 beta0: float = _default("fedqp", "beta0"),
-                 beta_rounds: int = _default("fedqp", "beta_rounds"),
-                 mutation: str = _default("fedqp", "mutation"), seed: int = 0,
-                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
-                 train_metrics_aggr_fn: MetricsAggregation | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(dict(alpha=alpha, qp_prob=qp_prob, beta0=beta0,
-                              beta_rounds=beta_rounds, mutation=mutation),
-                         seed=seed, weighting=weighting,
-                         state_file=state_file, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
 
 class _OneModelPerClient(DropInStrategy):
@@ -557,31 +530,7 @@ class FedMR(_OneModelPerClient):
     FedAvg first."""
 
     method = "fedmr"
-
-    def __init__(self, *, stage1_rounds: int = _default("fedmr", "stage1_rounds"),
-                 segments: int = _default("fedmr", "segments"), seed: int = 0,
-                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
-                 train_metrics_aggr_fn: MetricsAggregation | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(dict(stage1_rounds=stage1_rounds, segments=segments),
-                         seed=seed, weighting=weighting,
-                         state_file=state_file, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
-
+    not_offered = ("secure_exchanges",)
     kept = "local_states"
 
     def _keeps(self, server_round: int) -> bool:
@@ -598,31 +547,6 @@ class FedExP(DropInStrategy):
     renamed = {"eps": "fedexp_eps", "eps_per_client": "fedexp_eps_per_client",
                "average": "fedexp_average"}
 
-    def __init__(self, *, eps: float = _default("fedexp", "fedexp_eps"),
-                 eps_per_client: bool = _default("fedexp", "fedexp_eps_per_client"),
-                 average: bool = _default("fedexp", "fedexp_average"), seed: int = 0,
-                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
-                 train_metrics_aggr_fn: MetricsAggregation | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(dict(fedexp_eps=eps, fedexp_eps_per_client=eps_per_client,
-                              fedexp_average=average), seed=seed, weighting=weighting,
-                         state_file=state_file, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
-
 
 class CluSamp(DropInStrategy):
     """Clustered sampling (Fraboni et al., ICML 2021, Alg. 2): clients clustered by their
@@ -635,34 +559,6 @@ class CluSamp(DropInStrategy):
     renamed = {"distance": "clusamp_distance", "sketch": "clusamp_sketch",
                "aggregation": "clusamp_aggregation", "similarity": "clusamp_similarity"}
 
-    def __init__(self, *, distance: str = _default("clusamp", "clusamp_distance"),
-                 sketch: int = _default("clusamp", "clusamp_sketch"),
-                 aggregation: str = _default("clusamp", "clusamp_aggregation"),
-                 similarity: str = _default("clusamp", "clusamp_similarity"), seed: int = 0,
-                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
-                 train_metrics_aggr_fn: MetricsAggregation | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(dict(clusamp_distance=distance, clusamp_sketch=sketch,
-                              clusamp_aggregation=aggregation,
-                              clusamp_similarity=similarity),
-                         seed=seed, weighting=weighting,
-                         state_file=state_file, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
-
 
 class FedCross(_OneModelPerClient):
     """FedCross (Hu et al., ICDE 2024): K middleware models, one per sampled client; after
@@ -672,30 +568,6 @@ class FedCross(_OneModelPerClient):
 
     method = "fedcross"
     renamed = {"alpha": "cross_alpha", "selection": "cross_selection"}
-
-    def __init__(self, *, alpha: float = _default("fedcross", "cross_alpha"),
-                 selection: str = _default("fedcross", "cross_selection"), seed: int = 0,
-                 weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
-                 train_metrics_aggr_fn: MetricsAggregation | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(dict(cross_alpha=alpha, cross_selection=selection),
-                         seed=seed, weighting=weighting,
-                         state_file=state_file, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
 
     kept = "middleware"
 

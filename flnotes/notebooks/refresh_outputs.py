@@ -35,9 +35,11 @@ import sys
 from pathlib import Path
 
 import nbformat
+import torch
 from nbclient import NotebookClient
 
 from flnotes.repro.notebooks import TEACHING, quiet_kernel_manager
+from flnotes.toy.experiments import ship_default_race
 
 MARKER = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOKS = Path(__file__).resolve().parent
@@ -58,7 +60,7 @@ def palette_png(encoded: str) -> str:
     """A stored figure (base64 PNG) with a 256-colour palette: about a third of the bytes,
     the same picture to the eye (filled contours are a few dozen flat colours). Figures with
     transparency are quantised with their alpha channel."""
-    from PIL import Image
+    from PIL import Image  # lazy: only for stored images
 
     with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
         image.load()
@@ -155,7 +157,7 @@ def kernel_metadata(stored, executed=None, kernel_name: str = "python3") -> None
     display name and the full language_info. Stored otherwise ("Python 3" for the spec's
     "Python 3 (ipykernel)", a language_info of its name only), a notebook was marked unsaved
     the moment it opened. No widget state is kept."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpecManager  # lazy: only to run notebooks
 
     spec = KernelSpecManager().get_kernel_spec(kernel_name)
     stored.metadata["kernelspec"] = {"display_name": spec.display_name,
@@ -256,10 +258,6 @@ def main(paths: list[str]) -> int:
         print(f"{write_code_lines()} cell(s) with new code lines")
         return 0
     if paths == ["--ship-toy-race"]:
-        import torch
-
-        from flnotes.toy.experiments import ship_default_race
-
         torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is the fastest
         print(f"wrote {ship_default_race()}")
         return 0

@@ -31,8 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.font_manager import FontProperties
+from matplotlib.ticker import MaxNLocator
 
+from flnotes.messages import did_you_mean
 from flnotes.plots import line_style, markevery
 from flnotes.repro import tables
 from flnotes.repro.reading import DOES_NOT_HOLD, HOLDS, read
@@ -453,7 +458,6 @@ CAPTION_MARGIN = 0.12  # inches between the caption and the canvas's left and bo
 def caption_width(fig, margin: float = CAPTION_MARGIN) -> int:
     """How many caption characters fit on one line of ``fig``, from the width its renderer
     gives a run of monospace characters (in inches, so at any dpi the figure is saved at)."""
-    from matplotlib.font_manager import FontProperties
 
     renderer = fig.canvas.get_renderer()
     sample = "M" * 50
@@ -474,11 +478,8 @@ def draw(figure: Figure, runs: list[Run], scale: str | None = None):
     cannot test the claim says so on itself.
 
     Returns (matplotlib Figure, caption lines)."""
-    import matplotlib
 
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     panels = [(title, panel_lines(figure, chosen, line))
               for title, chosen, line in _panels(figure, runs)]
@@ -545,11 +546,8 @@ def make_figure(results: str | Path, name: str, out: str | Path | None = None
     """Draw figure ``name`` from the runs under ``results``; write the PNG and the caption
     file (default: RESULTS/figures/NAME.png and .md). Returns both paths."""
     if name not in FIGURES:
-        from flnotes.messages import did_you_mean
-
         raise ValueError(f"unknown figure {name!r}{did_you_mean(name, list(FIGURES))}; "
                          f"figures: {', '.join(FIGURES)}")
-    import matplotlib.pyplot as plt
 
     fig, caption = draw(FIGURES[name], load_runs(results))
     png = Path(out) if out else Path(results) / "figures" / f"{name}.png"

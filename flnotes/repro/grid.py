@@ -54,6 +54,8 @@ from typing import Any
 
 import yaml
 
+from flnotes.algorithms import algorithm_names, all_settings, settings_of
+from flnotes.config import RunConfig, field_names, model_names
 from flnotes.config.presets import (
     BASELINE_READING,
     SEED_REPOSITORY,
@@ -61,6 +63,7 @@ from flnotes.config.presets import (
     seed_code_baselines,
 )
 from flnotes.config.yaml_text import DuplicateKey, read_yaml
+from flnotes.data.registry import dataset_names
 from flnotes.messages import did_you_mean
 from flnotes.repro import PACKAGE_DIR, SWEEP_DIR
 
@@ -155,7 +158,7 @@ def resolve_grid(name: str | Path) -> Path:
 
 def notebook_parameters(notebook: Path) -> set[str]:
     """Names defined in the notebook's cell tagged 'parameters'."""
-    import papermill as pm
+    import papermill as pm  # lazy: papermill costs ~2 s
 
     return set(pm.inspect_notebook(str(notebook)))
 
@@ -209,7 +212,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
                         f"the current folder and in {PACKAGE_DIR})")
     table = spec.get("paper_table")
     if table is not None:
-        from flnotes.repro.paper_tables import paper_table_names
+        from flnotes.repro.paper_tables import paper_table_names  # lazy: pandas, not for workers
 
         if table not in paper_table_names():
             problems.append(f"unknown paper_table {table!r}; known: {paper_table_names()}")
@@ -276,7 +279,7 @@ def _same_cells(cells: list[Cell]) -> list[str]:
 
 def _notebook_defaults(notebook: Path) -> dict[str, Any]:
     """The parameters cell's values that are Python literals (name -> value)."""
-    import papermill as pm
+    import papermill as pm  # lazy: papermill costs ~2 s
 
     defaults = {}
     for name, info in pm.inspect_notebook(str(notebook)).items():
@@ -315,7 +318,6 @@ def _config_problems(cells: list[Cell], notebook: Path, fixed: dict, axes: dict,
     """Each cell's runs through RunConfig (what the notebook would build), before anything
     runs: one line per problem, naming the first cell, where the value came from and
     RunConfig's message."""
-    from flnotes.config import RunConfig, field_names
 
     fields = set(field_names())  # common fields and every method's settings
     defaults = _notebook_defaults(notebook)
@@ -386,9 +388,6 @@ def _mapping(spec: dict, key: str, problems: list[str], prefix: str = "") -> dic
 def _name_problems(cell: Cell) -> list[str]:
     """Algorithm, dataset and model names of a cell that no run could take: found before
     anything runs (``--dry-run`` included), not in the first cell that reaches them."""
-    from flnotes.algorithms import algorithm_names
-    from flnotes.config import model_names
-    from flnotes.data.registry import dataset_names
 
     params = flat_settings(cell.parameters)
     problems = []
@@ -435,7 +434,6 @@ def _axis_problems(axes: dict) -> list[str]:
 def _parameter_problems(notebook: Path, fixed: dict, axes: dict, overrides: dict) -> list[str]:
     """Every key the grid sets must be a parameter of the notebook's parameters cell or, where
     the notebook has a catch-all dict for them, a RunConfig field."""
-    from flnotes.config import field_names
 
     own = notebook_parameters(notebook)
     # a notebook with a `config` dict takes RunConfig's fields by name; an older one's
@@ -588,7 +586,6 @@ def _read_by(values: dict[str, Any], algorithms) -> dict[str, Any]:
     """``values`` without the method settings none of the cell's algorithms read: they would
     change a cell's id and nothing it runs. Unknown algorithms leave the values as they are
     (the grid's checks name them)."""
-    from flnotes.algorithms import algorithm_names, all_settings, settings_of
 
     if algorithms is None:
         return values

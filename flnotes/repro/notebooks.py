@@ -18,8 +18,8 @@ def quiet_kernel_manager():
     keys for kernels that support them ('auto'), which silences it. Older versions: the plain
     manager.
     """
-    from jupyter_client.manager import KernelManager
-    from traitlets import default
+    from jupyter_client.manager import KernelManager  # lazy: ~0.5 s
+    from traitlets import default  # lazy, with jupyter_client
 
     if "transport_encryption" not in KernelManager.class_trait_names():
         return KernelManager
@@ -48,7 +48,7 @@ def run_teaching_notebooks(out: Path, parameters: dict | None = None,
                            first: int | None = None) -> list[Path]:
     """Run each teaching notebook (``first``: the first N) headless into ``out``; return the
     executed copies."""
-    import papermill as pm
+    import papermill as pm  # lazy: papermill costs ~2 s
 
     notebooks = teaching_notebooks()[:first]
     if not notebooks:

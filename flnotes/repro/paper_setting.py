@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flnotes.algorithms import algorithm_class, algorithm_names, settings_of
+from flnotes.config.presets import SEED_REPOSITORIES, seed_code_baselines
 from flnotes.repro import SWEEP_DIR
 from flnotes.repro.grid import flat_settings, load_grid
 from flnotes.repro.paper_tables import KEY, run_labels
@@ -27,7 +29,6 @@ PARTITION_FIELDS = {"dirichlet": ("dirichlet_alpha",), "shards": ("shards_per_cl
 
 def algorithm_fields(algorithm: str | None) -> tuple[str, ...]:
     """The settings a run of ``algorithm`` reads (its declarations); () for an unknown name."""
-    from flnotes.algorithms import algorithm_names, settings_of
 
     return tuple(settings_of(algorithm)) if algorithm in algorithm_names() else ()
 
@@ -60,8 +61,6 @@ def baseline_reading(config: dict) -> str:
     of its method (the values the ``*-official`` presets set where they differ from the
     method's defaults, i.e. from its own paper), else ''. Tables mark which reading a cell
     used, since a seed table's baseline numbers come from the seed code's reading."""
-    from flnotes.algorithms import algorithm_class, algorithm_names, settings_of
-    from flnotes.config.presets import SEED_REPOSITORIES, seed_code_baselines
 
     algorithm = config.get("algorithm")
     if algorithm not in algorithm_names():

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from flnotes.algorithms import algorithm_class, algorithm_names
 from flnotes.messages import did_you_mean
 from flnotes.repro import PAPER_TABLE_DIR
 
@@ -32,20 +33,14 @@ class _MethodLabels(Mapping):
     the registry on each lookup, so a method registered later has its label too."""
 
     def __getitem__(self, name: str) -> str:
-        from flnotes.algorithms import algorithm_class, algorithm_names
-
         if name not in algorithm_names():
             raise KeyError(name)
         return algorithm_class(name).label or name
 
     def __iter__(self):
-        from flnotes.algorithms import algorithm_names
-
         return iter(algorithm_names())
 
     def __len__(self) -> int:
-        from flnotes.algorithms import algorithm_names
-
         return len(algorithm_names())
 
 
@@ -110,7 +105,6 @@ def methods_markdown(folder: Path = PAPER_TABLE_DIR) -> str:
     """The README's table of methods, from the registry: each method's flag value, its name in
     the papers' tables, the first line of its class's docstring, its module, and the paper
     tables that have a column for it (`python -m flnotes methods` prints it)."""
-    from flnotes.algorithms import algorithm_class, algorithm_names
 
     columns: dict[str, list[str]] = {}
     for name in paper_table_names(folder):

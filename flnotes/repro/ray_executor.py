@@ -46,7 +46,7 @@ CONNECT_TIMEOUT = 5.0  # seconds to wait for the head's port before giving up
 
 def _import_ray():
     try:
-        import ray
+        import ray  # optional: only with --executor ray
     except ImportError:
         raise ValueError(INSTALL_HINT) from None
     return ray
@@ -85,7 +85,7 @@ def _head(address: str) -> tuple[str, int] | None:
     head itself and none is recorded (``auto`` with no cluster started on this machine)."""
     if address in ("auto", "local"):
         try:
-            from ray._private.services import canonicalize_bootstrap_address
+            from ray._private.services import canonicalize_bootstrap_address  # optional, as ray
 
             address = canonicalize_bootstrap_address(address) or ""
         except Exception:  # Ray's own lookup moved or failed: let ray.init say what it finds
@@ -139,7 +139,7 @@ def _run_in_task(run_cell: Callable[..., dict], gpus: float, cpus: float, job: t
     """One cell inside its Ray task: the devices Ray gave the task (CUDA_VISIBLE_DEVICES in
     this worker) and its CPUs as threads, handed on to the notebook kernel explicitly (the
     kernel takes this process's environment), then the cell."""
-    import ray
+    import ray  # optional: only with --executor ray
 
     ids = [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
     threads = str(max(1, int(cpus)))

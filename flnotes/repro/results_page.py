@@ -36,7 +36,10 @@ import json
 import os
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
 from flnotes.plots import line_style, markevery
 from flnotes.repro import REPO_ROOT
@@ -236,7 +239,6 @@ def panel_title(setting: tuple, by_method: dict[str, list[Run]]) -> str:
 def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """One panel per setting: mean accuracy over seeds per method, band lowest-highest.
     Drawn with the current backend (a notebook's inline one; the command sets Agg)."""
-    import matplotlib.pyplot as plt
 
     settings = list(groups)
     # One style per method on every panel (colour, dash and marker: lines that lie on top of
@@ -283,8 +285,6 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     of that seed diverged, as the page's table says), their mean (a bar) and the rule's
     verdict (the colour). Methods sorted by the mean; the spread the rule compares against
     is the width of each row's dots. None when no setting has a method beside FedAvg."""
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
 
     def diverged_seeds(runs: list[Run]) -> set[int]:
         return {r.seed for r in runs if r.status == "diverged"}
@@ -466,12 +466,10 @@ def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.parent / f"{results.resolve().name}-curves.png"
     groups = by_setting(runs)
-    import matplotlib
 
     # A file, never a window: the command may run where a display is set. Only here, not in
     # curves_figure, which a notebook calls under its inline backend.
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
 
     fig = curves_figure(groups)
     fig.savefig(png, dpi=110, metadata={"Software": None})

@@ -25,21 +25,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
+from multiprocessing.connection import wait
 from pathlib import Path
 
+import torch
 import yaml
+from tqdm.auto import tqdm
 
 from flnotes.config.yaml_text import read_yaml
 from flnotes.engine.client_state import write_atomically
 from flnotes.engine.run_folder import NO_SPACE, disk_full, lock_file, unlock_file
+from flnotes.engine.sim import exit_code
 from flnotes.engine.stops import send_nowhere
-from flnotes.engine.tracking import logger_dir_problem, logger_environment, prepare_store
+from flnotes.engine.tracking import (
+    check_installed,
+    log_finished_folder,
+    logger_dir_problem,
+    logger_environment,
+    mlflow_run_dirs,
+    parse_loggers,
+    prepare_store,
+)
+from flnotes.messages import on_terminal
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import (
@@ -52,6 +66,7 @@ from flnotes.repro.grid import (
 )
 from flnotes.repro.kernel import current_kernel
 from flnotes.repro.notebooks import quiet_kernel_manager
+from flnotes.repro.ray_executor import _import_ray, cell_options, check_reachable, run_on_ray
 
 # ---------------------------------------------------------------- execution
 
@@ -65,10 +80,8 @@ def device_slots(workers: int, visible: str | None = None, gpu_count: int = 0) -
 
 def _gpu_count() -> int:
     try:
-        import torch
-
         return torch.cuda.device_count()
-    except Exception:  # no torch or no driver: CPU only
+    except Exception:  # no driver: CPU only
         return 0
 
 
@@ -175,7 +188,7 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
 
 
 def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
-    import papermill as pm
+    import papermill as pm  # lazy: papermill costs ~2 s
 
     params = dict(cell["parameters"], output_dir=str(folder))
     slot = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -316,13 +329,10 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     if executor not in ("local", "ray"):
         raise ValueError(f"unknown executor {executor!r}; choose local or ray")
     if executor == "ray":
-        from flnotes.repro.ray_executor import _import_ray, cell_options, check_reachable
-
         _import_ray()  # no Ray: one line saying how to install it, before anything runs
         ray_options = cell_options(gpus_per_cell, cpus_per_cell, retries)  # bad: one line
         if address:
             check_reachable(address)  # a dead head: one line at once, not Ray's retries
-    from tqdm.auto import tqdm
 
     # Absolute before anything runs: papermill runs each cell in its own folder, where a
     # relative path would nest the run folders again (runs/sweeps/X/cells/ID/runs/sweeps/...).
@@ -374,8 +384,6 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
 
     try:
         if executor == "ray":
-            from flnotes.repro.ray_executor import run_on_ray
-
             def on_record(record: dict) -> None:
                 cell_ended(record)
 
@@ -428,7 +436,6 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
 def _log_finished_cells(out: Path, cells: list[Cell], meta: dict, progress: bool) -> None:
     """``--logger`` over cells that finished in an earlier sweep (they are not run again):
     each of their run folders' rounds into the store, unless the store holds it already."""
-    from flnotes.engine.tracking import log_finished_folder, mlflow_run_dirs
 
     folders = [run_json.parent for cell in cells
                for run_json in sorted((out / "cells" / cell.id).rglob("run.json"))]
@@ -520,8 +527,6 @@ def _run_parallel(jobs: list, workers: int, cell_ended, records: dict) -> None:
     worker is stopped (SIGTERM; SIGKILL after a grace period), its cell recorded
     ``interrupted``, and the interrupt goes on up.
     """
-    import multiprocessing
-    from multiprocessing.connection import wait
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
     slots = device_slots(workers, os.environ.get("CUDA_VISIBLE_DEVICES"), _gpu_count())
@@ -623,9 +628,9 @@ def _stop_workers(running: list, grace: float = 15.0) -> None:
 
 def summarise(records: list[dict], out: Path):
     """One row per cell: labels, seed, status, seconds, mean last-10 accuracy (%), error."""
-    import pandas as pd
+    import pandas as pd  # lazy: the workers need no pandas
 
-    from flnotes.repro.tables import collect_runs
+    from flnotes.repro.tables import collect_runs  # lazy: pandas, as above
 
     runs = collect_runs(out) if (out / "cells").exists() else None
     rows = []
@@ -725,7 +730,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise GridError("name a grid file or a shipped grid (python -m flnotes sweep --list)")
     if args.workers < 1:
         raise GridError(f"--workers must be 1 or more, got {args.workers}")
-    from flnotes.engine.tracking import check_installed, parse_loggers
 
     loggers = parse_loggers(args.logger)
     check_installed(loggers)
@@ -755,8 +759,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if ray_flags and args.executor != "ray":
             flag = "--" + next(iter(ray_flags)).replace("_", "-")
             raise GridError(f"{flag} sizes the cells' Ray tasks: add --executor ray")
-        from flnotes.messages import on_terminal
-
         terminal = on_terminal()  # the bar, on stderr
         # A line per cell wherever stdout is not watched live with the bar: redirected
         # (`> log`, a pipe) or without a bar.
@@ -771,7 +773,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())
         print(f"sweep interrupted: {done} of {len(stopped.summary)} cells done and kept; run "
               "the same command again to run the rest", file=sys.stderr)
-        from flnotes.engine.sim import exit_code
 
         return exit_code(stopped.stop)
     _print_summary(summary)
@@ -796,7 +797,7 @@ def _stdout_is_terminal() -> bool:
 
 
 def _print_summary(summary) -> None:
-    import pandas as pd
+    import pandas as pd  # lazy: the workers need no pandas
 
     with pd.option_context("display.width", 200, "display.max_rows", 1000,
                            "display.max_colwidth", 60):

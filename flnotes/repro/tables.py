@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from flnotes.engine.history import read_run_json
+from flnotes.repro.paper_setting import paper_settings, setting_differences
 from flnotes.repro.paper_tables import (
     KEY,
     load_paper_table,
@@ -297,7 +298,6 @@ def compare(paper: pd.DataFrame, ours: pd.DataFrame | None, table: str | None = 
         mine = mine.sort_values("_own", kind="stable").groupby(KEY, sort=False).first()
         mine = mine.reset_index().rename(columns={"accuracy_mean": "ours",
                                                   "accuracy_std": "ours_std"})
-        from flnotes.repro.paper_setting import paper_settings, setting_differences
 
         settings = paper_settings(table) if table is not None else {}
         mine["setting"] = [
@@ -501,7 +501,7 @@ def legend(comparison: pd.DataFrame) -> list[str]:
 
 def plot_comparison(comparison: pd.DataFrame, title: str | None = None):
     """Our accuracy against the paper's, one point per run cell, with the y = x line."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: tables need no plots
 
     done = comparison.dropna(subset=["ours", "paper"])
     fig, ax = plt.subplots(figsize=(4.5, 4.5))

@@ -6,21 +6,35 @@ Every run here goes through the same :func:`flnotes.engine.sim.run` as a full-sc
 
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm.std import tqdm  # text, not a widget bar: a reopened notebook lacks its model
 
+from flnotes.algorithms import algorithm_class, algorithm_names
+from flnotes.algorithms.mutation import gaussian_mutations, project_mutants, sign_mutations
+from flnotes.config import RunConfig
+from flnotes.engine.batched.stacked import trains_in_stack
+from flnotes.engine.seeds import run_seeds
+from flnotes.engine.sim import run
+from flnotes.engine.stops import check_stop
+from flnotes.engine.tracking import ENV_LOGGERS
 from flnotes.messages import expecting_fallbacks
 from flnotes.rng import torch_generator
 from flnotes.toy import shipped
+from flnotes.toy.landscapes import descend
 from flnotes.toy.task import point_of, state_of
 
 if TYPE_CHECKING:
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs ~0.35 s
 
 
 def trajectory_points(history) -> dict[str, torch.Tensor]:
@@ -53,7 +67,6 @@ def mutation_points(center: Sequence[float], update: Sequence[float], *, kind: s
     a rectangle); ``layerwise=False`` treats (x, y) as one vector: a circle of radius
     alpha * |g|, and with projection the outline of a fan (half circle and diameter).
     """
-    from flnotes.algorithms.mutation import gaussian_mutations, project_mutants, sign_mutations
 
     glob, g = state_of(center), state_of(update)
     generator = torch_generator(seed, "toy-mutation")
@@ -79,7 +92,6 @@ def mutation_region(center: Sequence[float], update: Sequence[float], alpha: flo
     probability 1) applied to mutants on the disc's rim, then closed through the centre:
     the projection onto a half-plane maps the disc to the convex hull of its rim's image.
     """
-    from flnotes.algorithms.mutation import project_mutants
 
     cx, cy = float(center[0]), float(center[1])
     radius = float(alpha) * math.hypot(float(update[0]), float(update[1]))
@@ -114,7 +126,7 @@ def mutation_regions(center: Sequence[float], update: Sequence[float], alpha: fl
 
 def _convex_hull(points: torch.Tensor) -> torch.Tensor:
     """The convex hull's vertices of points (N, 2), in order round it."""
-    from scipy.spatial import ConvexHull
+    from scipy.spatial import ConvexHull  # lazy: scipy costs ~0.5 s
 
     return points[torch.as_tensor(ConvexHull(points.numpy()).vertices)]
 
@@ -127,7 +139,6 @@ def mutation_round(fn, center: Sequence[float], update: Sequence[float], *, step
     is ``steps`` of plain gradient descent on ``fn``. Returns trajectory points: global (2, 2)
     = [center, mean of local models], dispatched (1, K, 2), local (1, K, 2).
     """
-    from flnotes.toy.landscapes import descend
 
     mutants = mutation_points(center, update, **mutation).double()
     local = descend(fn, mutants, steps=steps, lr=lr)
@@ -144,8 +155,6 @@ TEACHING = {"dataset": "toy", "num_clients": 2, "clients_per_round": 2, "rounds"
 
 def toy_config(algorithm: str = "fedavg", **overrides):
     """A RunConfig for the toy with the notebooks' defaults; ``data_options`` are merged."""
-    from flnotes.algorithms import algorithm_class
-    from flnotes.config import RunConfig
 
     values = {**TEACHING, "algorithm": algorithm}
     if algorithm_class(algorithm).own_momentum:  # MimeLite, STEM: their momentum, not SGD's
@@ -157,7 +166,6 @@ def toy_config(algorithm: str = "fedavg", **overrides):
 
 def run_toy(algorithm: str = "fedavg", **overrides):
     """Run the toy with states recorded; returns (History, trajectory points)."""
-    from flnotes.engine.sim import run
 
     history = run(toy_config(algorithm, record_states=True, **overrides), progress=False)
     return history, trajectory_points(history)
@@ -165,7 +173,7 @@ def run_toy(algorithm: str = "fedavg", **overrides):
 
 def final_table(histories: Mapping[str, object]) -> pd.DataFrame:
     """Final evaluation of several toy runs ({label: History}) as a pandas DataFrame."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs ~0.35 s
 
     rows = {label: {k: h.rows[-1].get(k, float("nan")) for k in FINAL_KEYS}
             for label, h in histories.items()}
@@ -189,8 +197,6 @@ def final_row(history) -> dict:
 
 def final_metrics(config_values: dict) -> dict:
     """Run one toy config (a dict of RunConfig fields) and return its final evaluation."""
-    from flnotes.config import RunConfig
-    from flnotes.engine.sim import run
 
     config = RunConfig(**config_values).replace(eval_every=config_values["rounds"])
     return final_row(run(config, progress=False))
@@ -201,7 +207,6 @@ def stacks_seeds(algorithm: str) -> bool:
     update of its own on the toy's model (FML, MimeLite, STEM, FedSMOO; not MOON, which
     trains as FedAvg on a model without a classifier head), whose batched update is slower
     on a CPU than its loop; those run seed after seed."""
-    from flnotes.algorithms import algorithm_class
 
     return not algorithm_class(algorithm).uses_custom_update(state_of((0.0, 0.0)))
 
@@ -209,8 +214,6 @@ def stacks_seeds(algorithm: str) -> bool:
 def stack_trains(algorithm: str) -> bool:
     """Whether the stack itself trains a method's clients (its seeds at once); the others
     (their own update, a teacher, a batch term) go seed by seed."""
-    from flnotes.algorithms import algorithm_class
-    from flnotes.engine.batched.stacked import trains_in_stack
 
     return stacks_seeds(algorithm) and trains_in_stack(algorithm_class(algorithm))
 
@@ -219,7 +222,6 @@ def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
     """Every seed of one method, as one stacked run (:func:`flnotes.engine.seeds.run_seeds`):
     per step the S seeds x K clients train as one batched computation, the same strategy
     code as every run. Returns one final row per seed, in seed order."""
-    from flnotes.engine.seeds import run_seeds
 
     algorithm, seeds, overrides = job
     config = toy_config(algorithm, **overrides)
@@ -278,7 +280,6 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
     seeds it lacks (rows equal to their own race to float tolerance: a stack of other seeds
     around them changes only the last bits); :func:`forget_races` drops them.
     """
-    from flnotes.engine.stops import check_stop
 
     # One race at a time: an explorer's worker thread may be racing. A worker waiting here
     # for another thread's race can still be stopped (a newer move need not wait for both).
@@ -292,8 +293,6 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
 
 def _kept_or_run(algorithms, seeds, processes: int, stack: bool, progress: bool,
                  overrides: dict) -> list[dict]:
-    from flnotes.algorithms import algorithm_names
-
     _load_shipped()
     algorithms = list(algorithms) if algorithms is not None else algorithm_names()
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
@@ -356,7 +355,6 @@ def _load_shipped() -> None:
     if _SHIPPED_READ[0]:
         return
     _SHIPPED_READ[0] = True
-    from flnotes.algorithms import algorithm_class, algorithm_names
 
     known = set(algorithm_names())
     for entry in shipped.entries():
@@ -403,7 +401,6 @@ def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
 def ship_default_race(path=shipped.PATH, seeds: int = shipped.SEEDS, processes: int = 1):
     """Run notebook 04's default race of every method from scratch and write it where
     :func:`race` reads it (flnotes.toy.shipped); returns the file's path."""
-    from flnotes.algorithms import algorithm_class, algorithm_names
 
     forget_races()
     races = []
@@ -430,11 +427,6 @@ def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tupl
     is another method), the seeds and stacking (stacked rows equal one-by-one rows to float
     tolerance, not bit for bit). None, never kept: a race whose runs also write somewhere
     (a run folder, loggers asked for in the environment), which a kept race would skip."""
-    import json
-    import os
-
-    from flnotes.algorithms import algorithm_class
-    from flnotes.engine.tracking import ENV_LOGGERS
 
     if overrides.get("run_dir") or os.environ.get(ENV_LOGGERS):
         return None
@@ -465,10 +457,6 @@ def _run_races(algorithms: list[str], seeds: list[int], processes: int, stack: b
 
 def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
           progress: bool, overrides: dict) -> list[list[dict]]:
-    # The text bar, in a notebook too: a notebook's widget bar is stored as a widget view
-    # whose model a reopened copy lacks ("Error displaying widget: model not found").
-    from tqdm.std import tqdm
-
     if stack:
         work, jobs = method_rows, [(a, seeds, overrides) for a in algorithms]
     else:
@@ -483,9 +471,6 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
             results.append(work(job))
             bar.update()
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
         # fork (where there is one) skips re-importing torch in every worker, which costs
         # more than a small race; each worker then runs single-threaded (tiny tensors gain
         # nothing from threads), as DataLoader workers do.
@@ -512,7 +497,7 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
 
 def race_table(rows: Sequence[dict]) -> pd.DataFrame:
     """Per algorithm: runs, share ending flat / sharp / elsewhere, median loss and sharpness."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs ~0.35 s
 
     frame = pd.DataFrame(list(rows))
     frame["elsewhere"] = 1.0 - frame["accuracy"] - frame["sharp_basin"]

@@ -11,11 +11,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.animation import FuncAnimation, PillowWriter
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection, PathCollection
+from matplotlib.colors import SymLogNorm
+from matplotlib.contour import ContourSet
 from matplotlib.figure import Figure
+from matplotlib.gridspec import GridSpec
+from matplotlib.lines import Line2D
+from matplotlib.markers import MarkerStyle
+from matplotlib.patches import Circle, Polygon
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, SymmetricalLogLocator
+from matplotlib.transforms import IdentityTransform
 
 from flnotes.plots import line_style, plain_symlog_ticks
 from flnotes.rng import seeded_numpy_global
+from flnotes.toy.landscapes import grid, line_slice
 
 # ---- 2-D toy landscapes ---------------------------------------------------------------------
 LIMITS = ((-2.5, 2.5), (-2.2, 2.6))  # the (xlim, ylim) that frame fedmut-fig1's two basins
@@ -40,8 +52,6 @@ def symlog_levels(z, num: int, linthresh: float):
     next to a sharp one's) each get their own colours; "symmetric" keeps the few zero or
     negative values (a curvature can be) instead of failing on them.
     """
-    import numpy as np
-    from matplotlib.colors import SymLogNorm
 
     norm = SymLogNorm(linthresh, vmin=float(z.min()), vmax=float(z.max()))
     return norm.inverse(np.linspace(0.0, 1.0, num)), norm
@@ -58,7 +68,6 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
     (X, Y, Z) of :func:`flnotes.toy.landscapes.grid` on this frame, if already computed.
     ``labels=False`` leaves the axes' labels as they are (a figure that sets its own).
     """
-    from flnotes.toy.landscapes import grid
 
     gx, gy, z = values if values is not None else grid(fn, xlim, ylim, num)
     norm = None
@@ -71,7 +80,6 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
         if colorbar:
             bar = ax.figure.colorbar(cs, ax=ax, shrink=0.85, label=label)
             if log:  # ticks at 0, +-0.1, +-1, +-10 rather than at the uneven levels
-                from matplotlib.ticker import FormatStrFormatter, SymmetricalLogLocator
 
                 bar.set_ticks(SymmetricalLogLocator(linthresh=linthresh, base=10))
                 bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
@@ -111,7 +119,6 @@ def landscape_colorbar(mappable, cax, label: str = "loss", bar=None):
     every earlier bar and its contours alive through the axes' locator, and made the
     figure's draws walk a chain of them).
     """
-    from matplotlib.ticker import MaxNLocator
 
     if bar is None:
         bar = cax.figure.colorbar(mappable, cax=cax, label=label)
@@ -127,7 +134,6 @@ def shared_colorbar(fig, axes, label: str = "loss", width: float = 1.05):
     """One colour bar, in a slot at the figure's right edge, for panels whose landscapes
     share their levels (the same loss, or levels passed in common): colour carries a value,
     so it gets a scale. Call it once the panels' margins are set."""
-    from matplotlib.contour import ContourSet
 
     mappable = next(c for c in axes[0].collections if isinstance(c, ContourSet) and c.filled)
     return landscape_colorbar(mappable, colorbar_slot(fig, width), label)
@@ -136,7 +142,6 @@ def shared_colorbar(fig, axes, label: str = "loss", width: float = 1.05):
 def common_levels(values, levels: int = 25):
     """``levels`` contour levels spanning every grid of ``values`` (Z arrays), so that
     their panels share one colour scale."""
-    import numpy as np
 
     return np.linspace(min(float(z.min()) for z in values),
                        max(float(z.max()) for z in values), levels)
@@ -155,7 +160,6 @@ def plot_landscape(fn, xlim=LIMITS[0], ylim=LIMITS[1], title: str | None = None,
 def plot_surface(fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 81,
                  title: str | None = None) -> Figure:
     """A 3-D surface of a 2-D loss."""
-    from flnotes.toy.landscapes import grid
 
     gx, gy, z = grid(fn, xlim, ylim, num)
     fig = plt.figure(figsize=(6, 4.5))
@@ -177,7 +181,6 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
 
     The horizontal axis is x when the segment is not vertical, else y.
     """
-    from flnotes.toy.landscapes import line_slice
 
     fig, ax = _axes(ax, figsize=(6.4, 3.6))
     axis = 0 if float(end[0]) != float(start[0]) else 1
@@ -202,7 +205,6 @@ def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> None:
     These are the discs that decide "flat" and "sharp" in every run's metrics (a final model
     inside the white one counts as flat); the circles carry legend labels that say so.
     """
-    from matplotlib.patches import Circle
 
     if flat:
         c = federation.flat_center.tolist()
@@ -236,8 +238,6 @@ class ClientsFigure:
 
     def __init__(self, clients: int, xlim=LIMITS[0], ylim=LIMITS[1],
                  pyplot: bool = True, most: int | None = None) -> None:
-        from matplotlib.ticker import FixedLocator
-
         self.clients, self.xlim, self.ylim = max(clients, 1), xlim, ylim
         self.most = max(self.clients, most or 0)
         n = self.most + 2
@@ -275,7 +275,6 @@ class ClientsFigure:
     def layout(self, clients: int) -> None:
         """Show ``clients`` client panels (at most ``most``), the figure's width and every
         panel's place as in a figure built for that many; the next :meth:`set` draws them."""
-        from matplotlib.gridspec import GridSpec
 
         if not 1 <= clients <= self.most:
             raise ValueError(f"the figure has panels for 1 to {self.most} clients, not "
@@ -305,7 +304,6 @@ class ClientsFigure:
     def set(self, federation, level: float = -0.5) -> Figure:
         """Draw ``federation`` (its first clients, as many as the panels) and the overlap of
         every client's region where its loss is below ``level``."""
-        from flnotes.toy.landscapes import grid
 
         for artist in self.drawn:  # the last federation's
             artist.remove()
@@ -380,8 +378,6 @@ def new_figure(rows: int, columns: int, figsize, pyplot: bool = True, dpi: float
     if pyplot:
         fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=False)
     else:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
         fig = Figure(figsize=figsize, dpi=dpi)
         FigureCanvasAgg(fig)
         axes = fig.subplots(rows, columns, squeeze=False)
@@ -403,8 +399,6 @@ class TrajectoryArtists:
     """
 
     def __init__(self, ax, clients: bool = True, label: str = "global model") -> None:
-        from matplotlib.collections import LineCollection
-
         self.path, = ax.plot([], [], label=label, zorder=4, **GLOBAL_STYLE)
         self.start, = ax.plot([], [], "o", color="red", ms=9, mec="white", zorder=5,
                               label="start")
@@ -480,8 +474,6 @@ class TrajectoryFigure:
         self.moving += [ax.title for ax in self.axes]
 
     def _draw_landscape(self, fn, federation) -> None:
-        from flnotes.toy.landscapes import grid
-
         for artist in self.landscape:  # the last landscape's
             artist.remove()
         self.landscape = []  # gone, even if the drawing below stops
@@ -495,8 +487,6 @@ class TrajectoryFigure:
                           if a not in before[ax]]
 
     def _draw_colorbar(self) -> None:
-        from matplotlib.contour import ContourSet
-
         mappable = next(c for c in self.axes[0].collections
                         if isinstance(c, ContourSet) and c.filled)
         # the same bar at the new levels: its ticks are kept, not made anew
@@ -548,8 +538,6 @@ class MutantsFigure:
 
     def __init__(self, fn, center, panels: int, half_width: float = 1.0,
                  pyplot: bool = True) -> None:
-        from matplotlib.patches import Polygon
-
         cx, cy = float(center[0]), float(center[1])
         self.center, self.fn = (cx, cy), fn
         self.fig, axes = new_figure(1, panels, (3.6 * panels + 0.95, 4.3), pyplot)
@@ -589,7 +577,6 @@ class MutantsFigure:
         landscape and colour bar drawn in place of the last ones; ``landscape=False`` moves
         the frame only (what the moving artists need when the figure's rendering of that
         window is kept), the landscape staying that of ``landscape_width``."""
-        from matplotlib.contour import ContourSet
 
         cx, cy = self.center
         xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
@@ -624,7 +611,6 @@ class MutantsFigure:
         """``panels`` maps a title to the mutants (K, 2) a strategy sends; ``clouds`` the same
         titles to many more draws of the same mutation, which fill in its region; ``regions``
         the same titles to {"circle" | "fan": polygon (M, 2)} to shade."""
-        import numpy as np
 
         cx, cy = self.center
         tip = (cx + arrow_scale * float(update[0]), cy + arrow_scale * float(update[1]))
@@ -677,16 +663,12 @@ def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
     framed on the basins. Returns how many points were off the frame and their median
     distance from the origin (NaN when none).
     """
-    import numpy as np
 
     pts = np.asarray(points, dtype=float).reshape(-1, 2)
     off = ((pts[:, 0] < xlim[0]) | (pts[:, 0] > xlim[1])
            | (pts[:, 1] < ylim[0]) | (pts[:, 1] > ylim[1]))
     if not off.any():
         return 0, float("nan")
-    from matplotlib.collections import PathCollection
-    from matplotlib.markers import MarkerStyle
-    from matplotlib.transforms import IdentityTransform
 
     # Inset a little, so a triangle on the edge is drawn whole.
     pad_x, pad_y = 0.04 * (xlim[1] - xlim[0]), 0.04 * (ylim[1] - ylim[0])
@@ -728,8 +710,6 @@ class EndpointsFigure:
 
     def __init__(self, fn, panels: int, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
                  columns: int = 4, interval: bool = False, pyplot: bool = True) -> None:
-        from matplotlib.lines import Line2D
-
         self.xlim, self.ylim, self.interval = xlim, ylim, interval
         n_rows = -(-panels // columns)
         self.fig, axes = new_figure(n_rows, columns, (3.2 * columns + 0.95, 3.2 * n_rows + 0.9),
@@ -769,7 +749,6 @@ class EndpointsFigure:
     def set(self, rows: Sequence[Mapping]) -> Figure:
         """Show ``rows`` (race rows: algorithm, x, y, accuracy), one method per panel, in the
         order of the methods' names."""
-        import numpy as np
 
         algorithms = sorted({r["algorithm"] for r in rows})
         if len(algorithms) != len(self.axes):
@@ -812,8 +791,8 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
 
 def plot_race(rows: Sequence[Mapping]) -> Figure:
     """The race: share of runs ending flat (with a 95% interval), final loss and sharpness."""
-    import pandas as pd
-    import seaborn as sns
+    import pandas as pd  # lazy: only the race plot
+    import seaborn as sns  # lazy: only the race plot
 
     frame = pd.DataFrame(list(rows))
     order = (frame.groupby("algorithm")["accuracy"].mean().sort_values(ascending=False).index

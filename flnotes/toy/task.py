@@ -30,6 +30,7 @@ and its meme models train on ``b`` times the loss.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -167,7 +168,6 @@ _FEDERATIONS: dict = {}  # (landscape, clients, options as JSON) -> Federation, 
 def _shared_federation(landscape: str, num_clients: int, shape: dict) -> Federation:
     """The federation of these options, built once: a race's 100 seeds share one (a
     federation is read-only once built; building it is most of a toy task's set-up)."""
-    import json
 
     try:  # the builder itself too: a landscape registered again is another landscape
         key = (landscape, id(LANDSCAPES.get(landscape)), int(num_clients),

@@ -20,19 +20,31 @@ without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import html
 import io
+import math
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython import get_ipython
+from IPython.display import HTML, Image, display
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+from PIL import Image as PILImage
 
-from flnotes.toy import plots
-from flnotes.toy.landscapes import make_federation
+from flnotes.algorithms import algorithm_names, readers, settings_of
+from flnotes.engine.stops import Stopped, stop_when
+from flnotes.toy import kept_race, mutation_points, mutation_regions, plots, race, run_toy
+from flnotes.toy.experiments import stack_trains, warm_up
+from flnotes.toy.landscapes import flat_and_sharp, flat_and_sharp_minima, make_federation
 
 
 class Explorer:
@@ -136,7 +148,6 @@ class Explorer:
 
     def refresh(self, change=None) -> bytes | None:
         """Redraw for the current values; update the displayed image if there is one."""
-        from IPython.display import Image
 
         if self._quiet:
             return None
@@ -183,7 +194,6 @@ class Explorer:
 
     def _show(self, png: bytes) -> None:
         """Show the whole picture of the current values, with its line."""
-        from IPython.display import Image
 
         self.update_note()
         self.last_png = png
@@ -193,7 +203,6 @@ class Explorer:
     def _take_preview_down(self, reason: str = "") -> None:
         """After a failed or interrupted redraw: the last whole picture again, and
         ``reason`` (or the figure's own line) instead of "the others are running"."""
-        from IPython.display import Image
 
         if self.last_preview is None:
             return
@@ -209,10 +218,6 @@ class Explorer:
         comm message to a running kernel), else None: code's moves draw synchronously."""
         if threading.current_thread() is not threading.main_thread():
             return None
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return None
         kernel = getattr(get_ipython(), "kernel", None)
         get_parent = getattr(kernel, "get_parent", None)
         if get_parent is None:
@@ -223,7 +228,6 @@ class Explorer:
     def _start_background(self, loop, busy) -> None:
         """``prepare`` the current values in a worker thread; the kernel's ``loop`` then
         draws them (quick now) on the main thread, where matplotlib and the widgets live."""
-        from flnotes.engine.stops import Stopped, stop_when
 
         values, move, stop = self.values(), self.moves, threading.Event()
 
@@ -292,8 +296,6 @@ class Explorer:
         return worker is None or not worker[0].is_alive()
 
     def _ipython_display_(self) -> None:
-        from IPython.display import HTML, Image, display
-
         fig = self.figure()
         # A plain image output (smallest PNG: it is what the notebook stores), updated in
         # place by every redraw: it survives headless runs, and a copy opened without a
@@ -342,7 +344,6 @@ def _settle_garbage_collector() -> None:
     it scans only what was made since. The cost: an object alive at that moment that later
     becomes garbage *in a cycle* is not collected (freed by reference counting otherwise);
     garbage that exists then is collected first."""
-    import gc
 
     global _GC_SETTLED
     if not _GC_SETTLED:
@@ -445,9 +446,6 @@ class Scene:
             raise
 
     def _png(self, values: dict) -> bytes:
-        import numpy as np
-        from PIL import Image as PILImage
-
         key, layer = self.key(values), self.layer(values)
         kept = self._kept.pop(key, None)
         if kept is None:  # build draws the layer of ``values``
@@ -505,7 +503,6 @@ class Scene:
         figure (the first picture of every new figure lost its titles until the next move
         set them again). Their places before the draw are put back after it.
         """
-        from matplotlib.text import Text
 
         shown = [artist.get_visible() for artist in hidden]
         placed = [(artist, artist.get_position()) for artist in hidden
@@ -538,7 +535,6 @@ BASELINE = "fedavg"
 
 def reads(method: str, *settings: str) -> bool:
     """True when ``method`` declares every one of ``settings`` (so a slider for them applies)."""
-    from flnotes.algorithms import settings_of
 
     return set(settings) <= set(settings_of(method))
 
@@ -546,7 +542,6 @@ def reads(method: str, *settings: str) -> bool:
 def renamed_note(method: str, old: str) -> str:
     """' (fedup's own alpha is fedup_alpha, ...)' when the method once called a setting
     ``old`` (its declaration's old_names), else ''."""
-    from flnotes.algorithms import settings_of
 
     for setting in settings_of(method).values():
         if old in setting.old_names:
@@ -556,7 +551,6 @@ def renamed_note(method: str, old: str) -> str:
 
 def readers_text(setting: str) -> str:
     """'fedmut, fedqp': the methods that read a setting, for a disabled control's reason."""
-    from flnotes.algorithms import readers
 
     return ", ".join(readers(setting))
 
@@ -590,7 +584,6 @@ class MutationScene(Scene):
 
     def half(self, values: dict) -> float:
         """The zoom: the base half width, widened to frame everything the panels draw."""
-        import math
 
         panels, clouds, scale, regions = self.panels(values)
         reach = [abs(scale * u) for u in self.update_]
@@ -659,7 +652,6 @@ class MutationScene(Scene):
 def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp_prob: float,
                      kind: str, layerwise: bool, num_models: int, seed: int):
     """(panels, clouds, arrow scale, regions) of the mutation figure, kept per setting."""
-    from flnotes.toy import mutation_points, mutation_regions
 
     common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
     panels, clouds, regions = {}, {}, {}
@@ -867,7 +859,6 @@ def _training_backend(names: list[str]) -> str:
     rounding of two backends grows into visibly different paths, and a method that draws
     exactly FedAvg's path would not). The two clients as one stack where the stack trains
     every method shown (a third less time than the loop on the toy), else the loop."""
-    from flnotes.toy.experiments import stack_trains
 
     return "vmap" if all(stack_trains(name) for name in names) else "loop"
 
@@ -880,9 +871,6 @@ def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, st
     widget callback would send only to JupyterLab's log console), kept for the explorer:
     moving alpha re-runs the mutation method only, FedAvg's run is reused (a run is a
     function of these values)."""
-    import warnings
-
-    from flnotes.toy import run_toy
 
     extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
     # Evaluated once, after the last round: the picture needs the recorded states of every
@@ -900,7 +888,6 @@ def training_note(values: dict) -> str:
     """Said beside the figure when the chosen method draws a copy of FedAvg's path: its
     extra term has nothing to act on in the toy (no classifier head, one output), with the
     reason the method gave, if it gave one."""
-    import torch
 
     method = values["algorithm"]
     if method == BASELINE:
@@ -919,7 +906,6 @@ def training_note(values: dict) -> str:
 
 def training_explorer(**defaults) -> Explorer:
     """Sliders for the learning rate, rounds, alpha, beta0, the client shift and the start."""
-    from flnotes.algorithms import algorithm_names
 
     d = {"algorithm": "fedmut", "lr": 0.1, "rounds": 20, "alpha": 4.0, "beta0": 0.3,
          "shift": 1.0, "start_x": -0.6, "start_y": -0.7, **defaults}
@@ -951,14 +937,12 @@ def training_explorer(**defaults) -> Explorer:
 @lru_cache(maxsize=64)
 def _minima_of(sharp_width: float):
     """The flat and sharp minima of the training loss, computed once per well width."""
-    from flnotes.toy.landscapes import flat_and_sharp, flat_and_sharp_minima
 
     return flat_and_sharp_minima(flat_and_sharp(sharp_width=sharp_width))
 
 
 def draw_shift(test_shift: float = 0.3, sharp_width: float = 0.2) -> Figure:
     """Train loss vs a test loss moved by ``test_shift``: the sharp minimum pays much more."""
-    from flnotes.toy.landscapes import flat_and_sharp
 
     train = flat_and_sharp(sharp_width=sharp_width)
     test = train.shifted((test_shift, 0.0))
@@ -997,7 +981,6 @@ def shift_explorer(**defaults) -> Explorer:
 
 def own_alpha(method: str) -> float | None:
     """A method's own default mutation range (its declared setting), None if it has none."""
-    from flnotes.algorithms import settings_of
 
     return settings_of(method)["alpha"].default if reads(method, "alpha") else None
 
@@ -1047,7 +1030,6 @@ def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 
     """FedAvg's and ``algorithm``'s final rows over ``seeds`` runs (see :func:`draw_race`).
     :func:`flnotes.toy.race` keeps each method's rows per setting: changing the method or
     alpha re-runs that method only, and notebook 04's table race is read back."""
-    from flnotes.toy import race
 
     return [row for name, keywords in _race_jobs(algorithm, alpha, lr, rounds, seeds, options)
             for row in race([name], **keywords)]
@@ -1057,7 +1039,6 @@ def race_rows_kept(algorithm: str = "fedqp", alpha: float | None = None, lr: flo
                    rounds: int = 15, seeds: int = RACE_SEEDS,
                    options: Mapping | None = None) -> bool:
     """Whether every race of this picture is kept (it redraws at once)."""
-    from flnotes.toy import kept_race
 
     return all(kept_race(name, **keywords)
                for name, keywords in _race_jobs(algorithm, alpha, lr, rounds, seeds, options))
@@ -1076,7 +1057,6 @@ def preview_seeds(algorithm: str, rounds: int = 15) -> int:
     races of more than 15 rounds, never fewer than 2 (a stacked round costs nearly the same
     whatever the seeds: at 40 rounds 3 seeds took 0.35 s on a 2-core CPU, 2 seeds 0.28 s,
     against 0.22 s for 10 seeds at 15 rounds)."""
-    from flnotes.toy.experiments import stack_trains
 
     first = PREVIEW_SEEDS if stack_trains(algorithm) else PREVIEW_SEEDS_ONE_BY_ONE
     return max(2, round(first * (15 / max(15, int(rounds))) ** 2))
@@ -1102,10 +1082,6 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
     It starts where notebook 04's table stands: the method's own alpha (its declared
     default, which the slider takes again whenever the method changes) and as many seeds.
     """
-    from functools import partial
-
-    from flnotes.algorithms import algorithm_names
-    from flnotes.toy.experiments import warm_up
 
     options = dict(options or {})  # one copy: the figure, the preview and the races agree
     d = {"algorithm": "fedqp", "lr": 0.1, "rounds": 15, "seeds": RACE_SEEDS, **defaults}
