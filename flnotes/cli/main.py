@@ -476,20 +476,16 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep_cli.add_arguments(p_sweep)
     p_sweep.set_defaults(func=sweep_cli.cmd_sweep, command_parser=p_sweep)
-    p_tab = sub.add_parser("tables", allow_abbrev=False,
-                           help="the papers' tables with the results of a folder of runs "
-                           "beside them")
-    tables_cli.add_arguments(p_tab)
-    p_tab.set_defaults(func=tables_cli.cmd_tables, command_parser=p_tab)
-
-    p_fig = sub.add_parser("figures", allow_abbrev=False,
-                           help="draw a paper's figure from a folder of runs (--list: which)")
-    figures_cli.add_arguments(p_fig)
-    p_fig.set_defaults(func=figures_cli.cmd_figures, command_parser=p_fig)
-    p_page = sub.add_parser("results-page", allow_abbrev=False,
-                            help="write results/README.md from a sweep's run folders")
-    page_cli.add_arguments(p_page)
-    p_page.set_defaults(func=page_cli.cmd_results_page, command_parser=p_page)
+    for name, module, command, text in (
+            ("tables", tables_cli, tables_cli.cmd_tables,
+             "the papers' tables with the results of a folder of runs beside them"),
+            ("figures", figures_cli, figures_cli.cmd_figures,
+             "draw a paper's figure from a folder of runs (--list: which)"),
+            ("results-page", page_cli, page_cli.cmd_results_page,
+             "write results/README.md from a sweep's run folders")):
+        p_reading = sub.add_parser(name, allow_abbrev=False, help=text)
+        module.add_arguments(p_reading)
+        p_reading.set_defaults(func=command, command_parser=p_reading)
     p_methods = sub.add_parser("methods", allow_abbrev=False,
                                help="the registered methods: flag value, paper name, what it "
                                     "is, module, paper tables (the README's table)")

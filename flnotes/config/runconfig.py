@@ -127,11 +127,6 @@ class RunConfig:
         """The chosen method's settings and their values (given or default), in order."""
         return {name: getattr(self, name) for name in _method_settings(self.algorithm)}
 
-    def unread_settings(self) -> list[str]:
-        """Settings given that the chosen method does not read (a base config may hold them)."""
-        read = _method_settings(self.algorithm)
-        return [n for n in self.method_settings if n not in read]
-
     # ---- derived values -------------------------------------------------------
     def resolved(self) -> RunConfig:
         """A copy with every ``None`` default filled in for this algorithm and dataset."""

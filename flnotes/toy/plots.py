@@ -429,15 +429,6 @@ class TrajectoryArtists:
             self.local.set_offsets(local)
 
 
-def draw_trajectory(ax, points: Mapping[str, object], rounds: int | None = None,
-                    clients: bool = True, label: str = "global model") -> None:
-    """Global path (red), dispatched models (red squares) and local models (blue stars).
-
-    ``points`` is :func:`flnotes.toy.trajectory_points` output; ``rounds`` keeps the first ones.
-    """
-    TrajectoryArtists(ax, clients, label).set(points, rounds)
-
-
 class TrajectoryFigure:
     """One panel per run, each run's trajectory over the loss ``fn``; :meth:`set` shows new
     runs (and titles) in the same panels, changing the trajectory artists only, and
