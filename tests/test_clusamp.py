@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms import build_strategy
@@ -21,7 +22,6 @@ from flnotes.algorithms.clusamp import (
 from flnotes.config import RunConfig
 from flnotes.engine.seeds import run_seeds
 from flnotes.engine.sim import Simulation, run, sample_clients
-from flnotes.engine.state import states_allclose
 from flnotes.rng import torch_generator
 
 
@@ -148,11 +148,7 @@ def test_engine_asks_the_strategy_and_others_keep_uniform_sampling(tiny_config):
 
 def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="clusamp", rounds=5, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
     assert [r["accuracy"] for r in full.rows] == [r["accuracy"] for r in resumed.rows]
     saved = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["strategy"]
              for d in ("full", "part")]
@@ -204,11 +200,7 @@ def test_count_sketch_keeps_the_clusters_and_resumes(tiny_config, tmp_path):
     assert sorted(cut) == groups
     config = tiny_config.replace(algorithm="clusamp", clusamp_sketch=16, rounds=4,
                                  checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
 
 
 @pytest.mark.parametrize("distance", DISTANCES)
@@ -335,11 +327,7 @@ def test_seed_code_variant_resume_gives_the_uninterrupted_run(tiny_config, tmp_p
     config = tiny_config.replace(algorithm="clusamp", rounds=5, checkpoint_every=2,
                                  clusamp_aggregation="samples", clusamp_similarity="seed-code",
                                  clusamp_distance="l1")
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
     assert [r["accuracy"] for r in full.rows] == [r["accuracy"] for r in resumed.rows]
     assert [r["clusters"] for r in full.rows] == [r["clusters"] for r in resumed.rows]
     saved = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["strategy"]

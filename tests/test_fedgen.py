@@ -9,6 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms.base import ClientResult
@@ -183,11 +184,7 @@ def test_generator_architecture_follows_the_authors_configs():
 
 def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedgen", rounds=4, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
     assert [r["generator_loss"] for r in full.rows] == [r["generator_loss"] for r in resumed.rows]
 
 

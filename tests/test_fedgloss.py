@@ -7,6 +7,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from helpers import assert_resumes
 
 from flnotes import toy
 from flnotes.algorithms.fedgloss import FedGloSS
@@ -160,11 +161,7 @@ def test_the_clients_rho_warms_up_linearly():
 def test_resume_with_clients_skipped_and_sampled_again(gloss_config, tmp_path):
     config = gloss_config.replace(rounds=5, clients_per_round=2, checkpoint_every=2,
                                   gloss_warmup=3)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
     assert [r["server_ascent_norm"] for r in full.rows] == [
         r["server_ascent_norm"] for r in resumed.rows]
 

@@ -4,7 +4,7 @@ an uninterrupted run (resume), the loop (vmap falls back, said once), the toy an
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_falls_back_to_loop
+from helpers import assert_falls_back_to_loop, assert_resumes
 from torch import nn
 
 from flnotes import toy
@@ -127,11 +127,7 @@ def test_local_steps_match_the_perturbed_gradient_by_hand():
 def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedlesam", rounds=4, checkpoint_every=2,
                                  backend="loop")
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
     assert [r["train_loss"] for r in full.rows] == [r["train_loss"] for r in resumed.rows]
 
 

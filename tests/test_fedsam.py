@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 from torch import nn
 
 from flnotes import toy
@@ -85,11 +86,7 @@ def test_local_steps_match_sam_and_asam_by_hand(algorithm):
 @pytest.mark.parametrize("algorithm", ["fedsam", "fedasam"])
 def test_resume_gives_the_uninterrupted_run(tiny_config, tmp_path, algorithm):
     config = tiny_config.replace(algorithm=algorithm, rounds=4, checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
 
 
 def test_vmap_backend_trains_the_two_pass_step_in_the_stack(tiny_config):
@@ -230,11 +227,7 @@ def test_swa_with_rho_zero_and_one_round_cycles_is_the_mean_of_fedavgs_models(ti
 def test_swa_resume_gives_the_uninterrupted_run(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedsam", rounds=6, checkpoint_every=2, swa=True,
                                  swa_start=2, swa_cycle=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=5, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=5)
     assert [r["swa_models"] for r in full.rows] == [r["swa_models"] for r in resumed.rows]
 
 

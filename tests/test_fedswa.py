@@ -7,6 +7,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 from torch import nn
 
 from flnotes import toy
@@ -127,11 +128,7 @@ def test_vmap_backend_trains_on_the_loop_with_the_same_result(tiny_config, algor
 def test_resume_equals_the_uninterrupted_run(tiny_config, tmp_path, algorithm):
     config = tiny_config.replace(algorithm=algorithm, rounds=5, clients_per_round=2,
                                  checkpoint_every=2)
-    full = run(config.replace(run_dir=str(tmp_path / "full")), progress=False)
-    part = str(tmp_path / "part")
-    run(config.replace(rounds=3, run_dir=part), progress=False)
-    resumed = run(config.replace(run_dir=part), progress=False)
-    assert states_allclose(full.final_state, resumed.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=3)
 
 
 @pytest.mark.parametrize("algorithm", ["fedswa", "fedmoswa"])
