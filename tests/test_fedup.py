@@ -3,6 +3,7 @@
 from collections import OrderedDict
 
 import torch
+from helpers import assert_resumes
 
 from flnotes.algorithms import settings_of
 from flnotes.algorithms.base import ClientResult
@@ -90,11 +91,7 @@ def test_penalty_gradient_matches_autograd_and_analytic_gradient():
 
 def test_checkpoint_keeps_previous_global_and_resume_is_exact(tiny_config, tmp_path):
     config = tiny_config.replace(algorithm="fedup", fedup_alpha=0.5, checkpoint_every=1)
-    straight = run(config, progress=False)
-    run(config.replace(rounds=2, run_dir=str(tmp_path / "run")), progress=False)
-    resumed = run(config.replace(run_dir=str(tmp_path / "run")), progress=False)
-    assert states_allclose(resumed.final_state, straight.final_state, rtol=0, atol=0)
-
-    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["strategy"]
+    assert_resumes(config, tmp_path, stop_after=2)
+    saved = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["strategy"]
     assert set(saved) == {"global_state", "previous_global"}
     assert not states_allclose(saved["global_state"], saved["previous_global"])

@@ -5,6 +5,7 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_resumes
 
 from flnotes.algorithms import build_strategy
 from flnotes.algorithms.fml import FML, distillation_kl, mutual_losses
@@ -175,10 +176,7 @@ def test_state_dict_round_trip_keeps_personal_models(fml_config):
 
 def test_resumed_run_equals_uninterrupted_run(fml_config, tmp_path):
     config = fml_config.replace(rounds=3, checkpoint_every=1)
-    full = run(config, progress=False)
-    run(config.replace(rounds=1, run_dir=str(tmp_path)), progress=False)
-    resumed = run(config.replace(run_dir=str(tmp_path)), progress=False)
-    assert states_allclose(resumed.final_state, full.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=1)
     assert resumed.metric("personal_accuracy") == full.metric("personal_accuracy")
 
 
@@ -443,10 +441,7 @@ def test_independent_reference_trains_each_personal_model_on_its_own_task_alone(
 
 def test_resumed_multitask_run_equals_uninterrupted_run(tasks_config, tmp_path):
     config = tasks_config.replace(rounds=3, checkpoint_every=1)
-    full = run(config, progress=False)
-    run(config.replace(rounds=1, run_dir=str(tmp_path)), progress=False)
-    resumed = run(config.replace(run_dir=str(tmp_path)), progress=False)
-    assert states_allclose(resumed.final_state, full.final_state, rtol=0, atol=0)
+    full, resumed = assert_resumes(config, tmp_path, stop_after=1)
     for name in ("personal_accuracy_synthetic", "personal_accuracy_synthetic-2",
                  "accuracy_synthetic-2"):
         assert resumed.metric(name) == full.metric(name) and len(full.metric(name)) == 3
