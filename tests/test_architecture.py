@@ -8,6 +8,7 @@ so a lazy import that would close a cycle counts as much as a top-level one. Imp
 
 import ast
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -183,7 +184,10 @@ def test_no_code_names_an_issue_number():
 # line above. The package's own modules, the standard library and what `import flnotes`
 # loads anyway belong at the top.
 LOADED_ANYWAY = {*sys.stdlib_module_names, "flnotes", "torch", "numpy", "tqdm", "yaml"}
-HEAVY_SUBMODULES = ("torch.utils.tensorboard", "flnotes.repro.tables",  # the latter two: pandas
+HEAVY_SUBMODULES = ("torch.utils.tensorboard",
+                    # our own modules that load pandas or matplotlib at import
+                    "flnotes.plots", "flnotes.cli.demo", "flnotes.repro.figures",
+                    "flnotes.repro.results_page", "flnotes.repro.tables",
                     "flnotes.repro.paper_tables")
 
 
@@ -197,16 +201,27 @@ def unexplained_imports_in_functions(source: str) -> list[str]:
         for node in ast.walk(function):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-            cheap = (module.split(".")[0] in LOADED_ANYWAY
-                     and not module.startswith(HEAVY_SUBMODULES))
+            if isinstance(node, ast.ImportFrom):  # `from flnotes.repro import tables` too
+                base = node.module or "flnotes"  # (relative: our own)
+                modules = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                modules = [alias.name for alias in node.names]
             above = node.lineno - 2  # the line above the run of imports it stands in
             while above > 0 and lines[above].lstrip().startswith(("import ", "from ")):
                 above -= 1
-            said = "#" in lines[node.lineno - 1] or lines[above].lstrip().startswith("#")
-            if cheap or not said:
-                found.append(f"{node.lineno}: {module}")
+            said = any(_reason(text) for text in (lines[node.lineno - 1], lines[above]))
+            for module in modules:
+                cheap = (module.split(".")[0] in LOADED_ANYWAY
+                         and not module.startswith(HEAVY_SUBMODULES))
+                if cheap or not said:
+                    found.append(f"{node.lineno}: {module}")
     return found
+
+
+def _reason(line: str) -> bool:
+    """Whether a line carries a comment in words (a bare ``# noqa: ...`` is no reason)."""
+    comment = line.partition("#")[2].strip()
+    return bool(comment) and not comment.startswith(("noqa", "type:"))
 
 
 def test_imports_inside_functions_are_costly_ones_and_say_why():
@@ -215,8 +230,20 @@ def test_imports_inside_functions_are_costly_ones_and_say_why():
     assert not found, found
     made_up = ("def f():\n    import json  # why not\n    import pandas\n"
                "    import seaborn  # lazy: slow\n"
-               "    from torch.utils.tensorboard import SummaryWriter  # optional\n")
-    assert unexplained_imports_in_functions(made_up) == ["2: json", "3: pandas"]
+               "    from torch.utils.tensorboard import SummaryWriter  # optional\n"
+               "    import scipy, os  # slow\n    import ray  # noqa: F401\n")
+    assert unexplained_imports_in_functions(made_up) == [
+        "2: json", "3: pandas", "6: os", "7: ray"]
+
+
+def test_a_sweeps_workers_import_no_plotting_or_table_library():
+    """A sweep's workers are spawned: each imports flnotes.__main__ (so the CLI) and the
+    sweep module again, and runs one cell; pandas and matplotlib would cost each ~1 s."""
+    code = ("import sys, flnotes.__main__, flnotes.repro.sweep; "
+            "print(sorted({'pandas', 'matplotlib', 'papermill'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=PACKAGE.parent)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_the_package_names_no_path_of_the_machine_it_was_written_on():

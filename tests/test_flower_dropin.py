@@ -40,7 +40,7 @@ from flnotes.config import RunConfig  # noqa: E402
 from flnotes.engine.backends import train_clients  # noqa: E402
 from flnotes.engine.sim import initial_state  # noqa: E402
 from flnotes.flower import CluSamp, FedCross, FedExP, FedMR, FedMut, FedQP  # noqa: E402
-from flnotes.flower.dropin import DROP_INS  # noqa: E402
+from flnotes.flower.dropin import DROP_INS, DropInStrategy  # noqa: E402
 from flnotes.flower.inprocess import FIRST_NODE_ID, InProcessGrid, server_identity  # noqa: E402
 from flnotes.flower.records import flower_task, record_state, state_record  # noqa: E402
 
@@ -410,6 +410,30 @@ def test_each_drop_in_names_fedavgs_arguments(cls):
     with pytest.raises(TypeError, match="'min_train_node'") as err:
         cls(min_train_node=3)
     assert "did you mean 'min_train_nodes'" in str(err.value)
+
+
+def test_users_subclasses_keep_their_constructors():
+    """A drop-in's made constructor hands on to the next class of a user's MRO, and a user's
+    own DropInStrategy that names a method still takes a dict of settings."""
+    class Logged(DropInStrategy):
+        def __init__(self, settings, **kwargs):
+            self.logged = True
+            super().__init__(settings, **kwargs)
+
+    class LoggedFedMut(FedMut, Logged):
+        pass
+
+    both = LoggedFedMut(alpha=2.0, min_train_nodes=3)
+    assert both.logged and both.settings["alpha"] == 2.0 and both.min_train_nodes == 3
+    assert both.settings["beta0"] == settings_of("fedmut")["beta0"].default
+
+    class Mine(DropInStrategy):
+        method = "fedmut"
+
+    mine = Mine({"alpha": 2.0}, seed=1)
+    assert mine.settings == {"alpha": 2.0} and mine.seed == 1
+    with pytest.raises(TypeError):
+        FedMut({"alpha": 2.0})  # a shipped drop-in takes keywords only
 
 
 def test_fedmr_segments_beyond_the_model_is_one_line_at_round_1():

@@ -15,7 +15,6 @@ from typing import Any
 import yaml
 
 from flnotes.algorithms import algorithm_class, algorithm_names, all_settings, settings_of
-from flnotes.cli.demo import main_job
 from flnotes.cli.field_help import FIELD_HELP
 from flnotes.cli.run import (
     EXIT_INTERRUPTED,
@@ -44,13 +43,9 @@ from flnotes.data.registry import dataset_names
 from flnotes.engine.sim import RESUMABLE_CHANGES
 from flnotes.engine.tracking import parse_loggers
 from flnotes.messages import did_you_mean, os_error_line
-from flnotes.repro import figures as figures_cli
-from flnotes.repro import results_page as page_cli
 from flnotes.repro import sweep as sweep_cli
-from flnotes.repro import tables as tables_cli
 from flnotes.repro.grid import __doc__ as grid_doc
 from flnotes.repro.notebooks import copy_notebooks
-from flnotes.repro.paper_tables import methods_markdown
 
 DESCRIPTION = """\
 Federated-learning methods to run, study and compare with their papers. Commands: run
@@ -366,6 +361,7 @@ def _seed_list(text: str) -> list[int]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The quick-start job: a small federated run on built-in defaults, with a plot."""
+    from flnotes.cli.demo import main_job  # matplotlib: see build_parser
 
     if not str(args.out).strip() or "\0" in str(args.out):
         # Path("") is the current folder: the demo would write among whatever is there.
@@ -385,6 +381,7 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every registered method, as the README's table (markdown)."""
+    from flnotes.repro.paper_tables import methods_markdown  # pandas: see build_parser
 
     print(methods_markdown())
     return 0
@@ -410,6 +407,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     """The argument parser for all subcommands (``only_algorithm``: ``run``'s method flags
     are that method's alone, for ``run --algorithm NAME --help``)."""
+    # Here, not at the top: they load pandas and matplotlib, which a sweep's workers never
+    # need (spawned, they import flnotes.__main__, so this module, again).
+    from flnotes.repro import figures as figures_cli
+    from flnotes.repro import results_page as page_cli
+    from flnotes.repro import tables as tables_cli
+
     # allow_abbrev=False everywhere: "--round 3" must not silently mean "--rounds 3".
     parser = argparse.ArgumentParser(prog="python -m flnotes", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -10,7 +10,6 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from flnotes.config import RunConfig
@@ -33,8 +32,6 @@ from flnotes.engine.stops import (  # noqa: F401 (EXIT_READER_LEFT, send_nowhere
 )
 from flnotes.engine.tracking import Tracker, check_installed, logger_dir_problem
 from flnotes.messages import on_terminal
-from flnotes.plots import plot_learning_curves
-from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
@@ -116,6 +113,9 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     if tracker:
         tracker.close(history.status)
 
+    # matplotlib here, not at the top: a sweep's workers import this module and draw nothing
+    from flnotes.plots import plot_learning_curves
+
     fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
     png = _save_curve(fig, Path(config.run_dir) / "learning_curve.png")
     print(f"status: {history.status}; run folder: {config.run_dir}; curve: {png}")
@@ -184,6 +184,8 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     Loggers get each seed's rows once the seeds end (the stacked run has no per-round
     callback), each seed folder its own TensorBoard folder and MLflow run.
     """
+    from flnotes.plots import plot_learning_curves  # matplotlib: see run_command
+    from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std  # pandas
 
     if config.run_dir is None:
         config = config.replace(run_dir=str(Path("runs") / default_run_name(config, seeds=True)))
@@ -231,6 +233,8 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
 
 def _save_curve(fig, png: Path) -> str:
     """Save the curve; a disk that refuses it is a warning (the run itself is saved)."""
+    import matplotlib.pyplot as plt  # matplotlib: see run_command
+
     try:
         fig.savefig(png, dpi=120)
     except OSError as err:

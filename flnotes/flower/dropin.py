@@ -148,14 +148,15 @@ def _settings_constructor(cls: type[DropInStrategy]) -> Callable:
         [own[0]]  # self; the rest after `settings`
         + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=setting.default,
                              annotation=(setting.kind or type(setting.default)).__name__)
-           for name, setting in declared.items()] + own[2:])
+           for name, setting in declared.items()] + own[2:], return_annotation="None")
 
     def __init__(self, **kwargs: Any) -> None:
         bound = signature.bind(self, **kwargs)
         bound.apply_defaults()
         given = dict(bound.arguments)
+        given.pop("self")
         settings = {declared[name].name: given.pop(name) for name in declared}
-        DropInStrategy.__init__(given.pop("self"), settings, **given)
+        super(cls, self).__init__(settings, **given)  # the next class in a user's MRO too
 
     __init__.__signature__ = signature
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
@@ -190,7 +191,9 @@ class DropInStrategy(FedAvg):
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:  # a user's subclass with its own constructor
             cls.__init__ = _names_checked(cls.__dict__["__init__"])
-        elif cls.__dict__.get("method"):  # a drop-in: its constructor, from its declarations
+        elif cls.__dict__.get("method") and cls.__module__ == __name__:
+            # a shipped drop-in: its constructor from its declarations (a user's subclass that
+            # names a method keeps DropInStrategy's, which takes a dict of settings)
             cls.__init__ = _names_checked(_settings_constructor(cls))
 
     @_names_checked
