@@ -3,6 +3,7 @@ tiny notebooks and grid files for the sweep tests."""
 
 import json
 import os
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -178,3 +179,21 @@ def fail_halfway(monkeypatch, module, point: int, code: int) -> None:
         return real(path, half)
 
     monkeypatch.setattr(module, "write_atomically", failing)
+
+
+# The browser test (tests/test_browser.py) drives HERE, tests/test_browser_b.py the rest: two
+# files, so that make test's two workers run them side by side.
+HERE = ["00_quickstart", "02_client_landscapes", "21_flatness"]
+# Saved, reloaded and reopened on a fresh kernel: one notebook of each half, whose explorers
+# hold every kind of control any teaching notebook shows (test_widgets.py keeps it so); what
+# is checked there (JupyterLab saved the widget state, flnotes' extension keeps the copy
+# unmarked) is the same machinery for every notebook. FLNOTES_BROWSER_THOROUGH=1: all.
+REOPENED = ("02_client_landscapes", "03_mutation_regions")
+
+
+def explorers_in(name: str) -> list[str]:
+    """The explorers a teaching notebook shows (``widgets.<name>_explorer(`` in its cells)."""
+    path = Path(__file__).resolve().parents[1] / "flnotes" / "notebooks" / f"{name}.ipynb"
+    notebook = json.loads(path.read_text())
+    return [found for cell in notebook["cells"] if cell["cell_type"] == "code"
+            for found in re.findall(r"widgets\.(\w+_explorer)\(", "".join(cell["source"]))]

@@ -56,7 +56,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import ink_at_the_edge, red_pixels
+from helpers import HERE, REOPENED, ink_at_the_edge, red_pixels
 
 from flnotes.repro.notebooks import TEACHING as TEACHING_NOTEBOOKS
 from flnotes.repro.notebooks import copy_notebooks
@@ -925,37 +925,11 @@ def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
 
 # This file drives half of the notebooks, tests/test_browser_b.py the other half: two files,
 # so that make test's two workers run them side by side rather than one after the other.
-HERE = ["00_quickstart", "02_client_landscapes", "21_flatness"]
-# Saved, reloaded and reopened on a fresh kernel: one notebook of each half, whose explorers
-# hold every kind of control any teaching notebook shows (a test below keeps it so); what
-# is checked there (JupyterLab saved the widget state, flnotes' extension keeps the copy
-# unmarked) is the same machinery for every notebook. FLNOTES_BROWSER_THOROUGH=1: all.
-REOPENED = ("02_client_landscapes", "03_mutation_regions")
-
-
+# HERE and REOPENED live in tests/helpers.py, where test_widgets.py checks REOPENED without
+# a browser.
 @pytest.mark.parametrize("name", HERE)
 def test_notebook_runs_and_every_control_redraws(browser, lab, name):
     drive_notebook(browser, lab, name)
-
-
-def _explorers(name: str) -> list[str]:
-    """The explorers a teaching notebook shows (``widgets.<name>_explorer(`` in its cells)."""
-    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
-    return [found for cell in notebook["cells"] if cell["cell_type"] == "code"
-            for found in re.findall(r"widgets\.(\w+_explorer)\(", "".join(cell["source"]))]
-
-
-def test_the_reopened_notebooks_show_every_kind_of_control():
-    """Reopening only REOPENED loses nothing: their explorers hold every widget class of
-    every teaching notebook's explorers, and there is one of them in each half."""
-    from flnotes.toy import widgets
-
-    def kinds(names):
-        return {type(control).__name__ for notebook in names for explorer in
-                _explorers(notebook) for control in getattr(widgets, explorer)().controls.values()}
-
-    assert kinds(REOPENED) >= kinds(TEACHING), kinds(TEACHING) - kinds(REOPENED)
-    assert len(set(REOPENED) & set(HERE)) == 1 and len(set(REOPENED) - set(HERE)) == 1
 
 
 def drive_notebook(browser, lab, name: str) -> None:

@@ -11,11 +11,13 @@ import ipywidgets as W  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import HERE, REOPENED, explorers_in  # noqa: E402
 from IPython.display import Image  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from flnotes import plots as shared_plots  # noqa: E402
 from flnotes import toy  # noqa: E402
+from flnotes.repro.notebooks import TEACHING  # noqa: E402
 from flnotes.toy import plots, widgets  # noqa: E402
 from flnotes.toy.landscapes import make_federation  # noqa: E402
 
@@ -1022,3 +1024,15 @@ def test_a_move_from_the_page_leaves_a_real_kernel_free_while_the_race_runs(tmp_
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_the_reopened_notebooks_show_every_kind_of_control():
+    """The browser test reopens only REOPENED and loses nothing: their explorers hold every
+    widget class of every teaching notebook's explorers, and there is one in each half."""
+    def kinds(names):
+        return {type(control).__name__ for notebook in names for explorer in
+                explorers_in(notebook)
+                for control in getattr(widgets, explorer)().controls.values()}
+
+    assert kinds(REOPENED) >= kinds(TEACHING), kinds(TEACHING) - kinds(REOPENED)
+    assert len(set(REOPENED) & set(HERE)) == 1 and len(set(REOPENED) - set(HERE)) == 1
