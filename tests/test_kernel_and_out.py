@@ -8,12 +8,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from helpers import write_grid, write_notebook
 
 from flnotes.repro import sweep
 from flnotes.repro.grid import load_grid
 from flnotes.repro.kernel import KERNEL_NAME, current_kernel
 
+REPO = Path(__file__).resolve().parent.parent
 BODY = """
 import sys
 from pathlib import Path
@@ -104,3 +106,35 @@ def test_a_sweep_with_the_default_out_nests_its_run_folders_once(tmp_path, monke
     assert len(found) == 1 and found[0].parts[:3] == ("runs", "sweeps", f"{grid.name}-paper")
     assert found[0].parts.count("runs") == 2  # runs/sweeps/.../cells/ID/runs/r: one nesting
     assert (tmp_path / found[0]).read_text() == sys.executable
+
+
+PAPERMILL_PROBE = """
+import sys
+if {first!r}:
+    import rfc3987_syntax
+from flnotes.repro.kernel import SLOW_FORMAT_CHECKER, import_papermill
+pm = import_papermill()
+import nbformat
+print(SLOW_FORMAT_CHECKER in sys.modules and sys.modules[SLOW_FORMAT_CHECKER] is not None)
+good = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+nbformat.validate(good)  # a notebook still validates against its schema ...
+bad = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+bad.cells[0].source = 1
+try:
+    nbformat.validate(bad)  # ... and a broken one is still refused
+    print("accepted")
+except Exception:  # nbformat's or jsonschema's ValidationError
+    print("refused")
+import rfc3987_syntax  # the hidden package imports again afterwards
+print(pm.execute_notebook.__name__)
+"""
+
+
+def test_papermill_is_imported_without_the_slow_format_checker_and_validates_notebooks():
+    pytest.importorskip("rfc3987_syntax", reason="jsonschema's IRI checker is not installed")
+    for first, still_there in ((False, "False"), (True, "True")):  # hidden only if not loaded
+        done = subprocess.run([sys.executable, "-c", PAPERMILL_PROBE.format(first=first)],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == [still_there, "refused", "execute_notebook"]

@@ -25,6 +25,8 @@ from multiprocessing.util import Finalize
 from pathlib import Path
 
 KERNEL_NAME = "flnotes-python"
+# An optional package of jsonschema's that builds a grammar when imported (see import_papermill)
+SLOW_FORMAT_CHECKER = "rfc3987_syntax"
 
 
 @cache
@@ -50,3 +52,24 @@ def current_kernel() -> str:
     paths = [str(folder), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
     os.environ["JUPYTER_PATH"] = os.pathsep.join(paths)
     return KERNEL_NAME
+
+
+def import_papermill():
+    """papermill, imported a second sooner: without jsonschema's IRI format check.
+
+    papermill imports nbformat, nbformat jsonschema, and jsonschema's format checkers import
+    rfc3987_syntax where it is installed (Jupyter's extras install it), which builds a Lark
+    grammar on import: 1.2 s of papermill's 2.2 s on a CPU of the 2-core CI machine, paid by
+    each sweep worker and command. The notebook format's schemas check no IRI, so the
+    checker is not needed to run notebooks. The package is hidden during this import only
+    (a later ``import rfc3987_syntax`` works), and only where nothing has imported it yet.
+    """
+    hidden = SLOW_FORMAT_CHECKER not in sys.modules
+    if hidden:
+        sys.modules[SLOW_FORMAT_CHECKER] = None  # importing it raises ImportError: skipped
+    try:
+        import papermill  # costly (~1 s even so): only where a notebook runs
+    finally:
+        if hidden and sys.modules.get(SLOW_FORMAT_CHECKER, False) is None:
+            del sys.modules[SLOW_FORMAT_CHECKER]
+    return papermill

@@ -7,7 +7,7 @@ from pathlib import Path
 from flnotes.engine.client_state import write_atomically
 from flnotes.engine.run_folder import NO_SPACE, disk_full
 from flnotes.repro import NOTEBOOK_DIR
-from flnotes.repro.kernel import current_kernel
+from flnotes.repro.kernel import current_kernel, import_papermill
 
 
 def quiet_kernel_manager():
@@ -48,7 +48,7 @@ def run_teaching_notebooks(out: Path, parameters: dict | None = None,
                            first: int | None = None) -> list[Path]:
     """Run each teaching notebook (``first``: the first N) headless into ``out``; return the
     executed copies."""
-    import papermill as pm  # lazy: papermill costs ~2 s
+    pm = import_papermill()
 
     notebooks = teaching_notebooks()[:first]
     if not notebooks:
