@@ -170,7 +170,8 @@ def test_the_presets_issue_15_found_missing():
     # FedMut "Comparison of Accuracy": beta0 = 0.3 for VGG-16 (as for the CNN); FedQP: FedMut's.
     for name in ("fedmut-paper-vgg16", "fedqp-paper-vgg16"):
         assert values(name, "model", "beta0") == ("vgg16", 0.3)
-        assert "4096" in describe(name)  # says which VGG-16 head it is
+    for name in preset_names():  # each VGG-16 preset says which head it is, once
+        assert describe(name).count("4096-wide") == (preset_values(name).get("model") == "vgg16")
     assert values("fedqp-paper-vgg16", *COMMON) == values("fedqp-paper", *COMMON)
     # FedMR Sec. 5.1: FedProx mu 0.001 on CIFAR-100, 0.1 on FEMNIST; 180 FEMNIST clients with
     # more than 100 samples each.

@@ -58,11 +58,24 @@ def summary(name: str) -> str:
     return " ".join(first.split())
 
 
+# What a preset's model is where it differs from the seed code's, said once for every preset
+# that trains it (describe)
+MODEL_NOTES = {
+    "vgg16": 'VGG-16 here ("vgg16", flnotes/models.py) is the 13-conv VGG with BatchNorm and '
+             "one linear layer on its 512 features, as the common CIFAR VGG; the official "
+             "FedMut/FedMR code's head is 512-4096-4096-classes with dropout, which this one "
+             "leaves out (a 4096-wide head on a 1x1 feature map adds about 19M parameters).",
+}
+
+
 def describe(name: str) -> str:
-    """A preset's docstring (where each of its values comes from), then how its inputs are
-    scaled, written from its dataset and data options, and where that comes from."""
+    """A preset's docstring (where each of its values comes from), then what its model is
+    where the seed code's differs, then how its inputs are scaled, written from its dataset
+    and data options, and where that comes from."""
     values = preset_values(name)
     doc = inspect.cleandoc(PRESETS[name].__doc__ or "")
+    if values.get("model") in MODEL_NOTES:
+        doc += "\n\n" + textwrap.fill(MODEL_NOTES[values["model"]], 92)
     scaling = input_scaling(values)
     if scaling is None or "Inputs scaled" in doc:  # the seed-code presets say it their way
         return doc
@@ -166,10 +179,6 @@ def fedmut_paper_vgg16() -> dict[str, Any]:
     """FedMut (AAAI 2024) Table 1 with VGG-16: as fedmut-paper (beta0 = 0.3, as for the CNN).
 
     "Comparison of Accuracy" gives beta0 = 0.3 for the CNN and VGG-16, 0.5 for ResNet-18.
-    VGG-16 here ("vgg16", flnotes/models.py) is the 13-conv VGG with BatchNorm and one
-    linear layer on its 512 features, as the common CIFAR VGG; the official FedMut/FedMR
-    code's head is 512-4096-4096-classes with dropout, which this one leaves out (a 4096-wide
-    head on a 1x1 feature map adds about 19M parameters).
     """
     return dict(fedmut_paper(), model="vgg16", beta0=0.3)
 
@@ -349,8 +358,7 @@ def fedmr_official_resnet20() -> dict[str, Any]:
 @preset("fedmr-official-vgg16", repository="FedMR", reading="seed-code")
 def fedmr_official_vgg16() -> dict[str, Any]:
     """fedmr-official with VGG-16 and the official code's --first_stage_bound 100 (Section
-    5.1's first stage; stage1_rounds 101); flnotes' VGG-16 head is narrower than the code's
-    (fedmr-paper-vgg16 says how).
+    5.1's first stage; stage1_rounds 101).
 
     Inputs scaled as the code scales them: normalize="fedmut-code".
     """
@@ -405,10 +413,6 @@ def fedqp_paper_resnet18() -> dict[str, Any]:
 def fedqp_paper_vgg16() -> dict[str, Any]:
     """FedQP (SEKE 2024) Table I with VGG-16: as fedqp-paper (beta0 = 0.3, FedMut's value).
 
-    VGG-16 here ("vgg16", flnotes/models.py) is the 13-conv VGG with BatchNorm and one
-    linear layer on its 512 features, as the common CIFAR VGG; the official FedMut/FedMR
-    code's head is 512-4096-4096-classes with dropout, which this one leaves out (a 4096-wide
-    head on a 1x1 feature map adds about 19M parameters).
     """
     return dict(fedqp_paper(), model="vgg16", beta0=0.3)
 
@@ -444,10 +448,7 @@ def fedmr_paper_vgg16() -> dict[str, Any]:
     """FedMR (KDD 2024) with VGG-16: two-stage training, 100 rounds of FedAvg first.
 
     Section 5.1 (two-stage for ResNet-20 and VGG-16, first stage 100 rounds). Everything
-    else: fedmr-paper. VGG-16 here ("vgg16", flnotes/models.py) is the 13-conv VGG with
-    BatchNorm and one linear layer on its 512 features, as the common CIFAR VGG; the official
-    FedMut/FedMR code's head is 512-4096-4096-classes with dropout, which this one leaves out
-    (a 4096-wide head on a 1x1 feature map adds about 19M parameters).
+    else: fedmr-paper.
     """
     return dict(fedmr_paper(), model="vgg16", stage1_rounds=100)
 
