@@ -66,6 +66,7 @@ from flnotes.config.yaml_text import DuplicateKey, read_yaml
 from flnotes.data.registry import dataset_names
 from flnotes.messages import did_you_mean
 from flnotes.repro import PACKAGE_DIR, SWEEP_DIR
+from flnotes.repro.kernel import import_papermill
 
 GRID_KEYS = {"name", "notebook", "paper_table", "labels", "fixed", "grid", "seeds", "smoke",
              "description", "stack_seeds"}
@@ -158,8 +159,7 @@ def resolve_grid(name: str | Path) -> Path:
 
 def notebook_parameters(notebook: Path) -> set[str]:
     """Names defined in the notebook's cell tagged 'parameters'."""
-    import papermill as pm  # lazy: papermill costs ~2 s
-
+    pm = import_papermill()
     return set(pm.inspect_notebook(str(notebook)))
 
 
@@ -279,8 +279,7 @@ def _same_cells(cells: list[Cell]) -> list[str]:
 
 def _notebook_defaults(notebook: Path) -> dict[str, Any]:
     """The parameters cell's values that are Python literals (name -> value)."""
-    import papermill as pm  # lazy: papermill costs ~2 s
-
+    pm = import_papermill()
     defaults = {}
     for name, info in pm.inspect_notebook(str(notebook)).items():
         try:

@@ -64,7 +64,7 @@ from flnotes.repro.grid import (
     load_grid,
     shipped_grids,
 )
-from flnotes.repro.kernel import current_kernel
+from flnotes.repro.kernel import current_kernel, import_papermill
 from flnotes.repro.notebooks import quiet_kernel_manager
 from flnotes.repro.ray_executor import _import_ray, cell_options, check_reachable, run_on_ray
 
@@ -188,8 +188,7 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
 
 
 def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
-    import papermill as pm  # lazy: papermill costs ~2 s
-
+    pm = import_papermill()
     params = dict(cell["parameters"], output_dir=str(folder))
     slot = os.environ.get("CUDA_VISIBLE_DEVICES")
     # An earlier try of this cell (failed, interrupted, or a worker that died): counted, and
