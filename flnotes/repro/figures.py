@@ -56,6 +56,8 @@ class Run:
     rows: list[dict]
     run_dir: str
     paper_table: str | None = None  # the table its grid lands on (cell.json), if any
+    grid_file: str | None = None  # the grid its cell names (cell.json), if any
+    environment: dict = field(default_factory=dict)  # run.json's: device, threads
 
     def value(self, key: str):
         """A label (dataset, model, heterogeneity, method) or else a config field; None if
@@ -64,7 +66,7 @@ class Run:
             return self.labels[key]
         return self.config.get(key)
 
-    def curve(self, metrics: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def curve(self, metrics: tuple[str, ...] = ("accuracy",)) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, values) of the first metric of ``metrics`` the run records; accuracies in
         percent."""
         for metric in metrics:
@@ -89,9 +91,10 @@ def load_runs(results: str | Path) -> list[Run]:
                                        running=row["status"] == "running")
         labels = {k: row[k] for k in ("dataset", "model", "heterogeneity", "method")}
         labels.update(row["paper_labels"] or {})
-        table = row.get("paper_table")
+        table, grid = (v if isinstance(v, str) and v else None
+                       for v in (row.get("paper_table"), row.get("grid_file")))
         runs.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
-                        rows, str(folder), table if isinstance(table, str) and table else None))
+                        rows, str(folder), table, grid, row["environment"]))
     return runs
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -95,15 +96,11 @@ def _stand_in(setting: tuple, paper: tuple) -> str:
     return "" if tuple(setting) == tuple(paper) else f", for {'/'.join(paper)}"
 
 
-def _accuracy(run: Run, metric: str = "accuracy") -> tuple[np.ndarray, np.ndarray]:
-    return run.curve((metric,))
-
-
 def accuracy_at(run: Run, round_: int, metric: str = "accuracy") -> float | None:
     """Test accuracy (%) at ``round_``: its evaluation there or the last one before it; None
     if the run has not reached that round."""
     last = max((r["round"] for r in run.rows), default=0)
-    rounds, values = _accuracy(run, metric)
+    rounds, values = run.curve((metric,))
     if last < round_ or not len(rounds) or rounds[0] > round_:
         return None
     return float(values[rounds <= round_][-1])
@@ -111,7 +108,7 @@ def accuracy_at(run: Run, round_: int, metric: str = "accuracy") -> float | None
 
 def final(run: Run, metric: str = "accuracy") -> tuple[int, float] | None:
     """(round, accuracy %) of the run's last evaluation."""
-    rounds, values = _accuracy(run, metric)
+    rounds, values = run.curve((metric,))
     return (int(rounds[-1]), float(values[-1])) if len(rounds) else None
 
 
@@ -156,8 +153,8 @@ def late_reading(method_runs: list[Run], base_runs: list[Run]) -> Reading:
                                  f"{', '.join(map(str, _setting(run)))}: "
                                  f"{seen[run.seed].run_dir} and {run.run_dir}; move one away")
             seen[run.seed] = run
-    return read({run.seed: _accuracy(run) for run in method_runs},
-                {run.seed: _accuracy(run) for run in base_runs})
+    return read({run.seed: run.curve() for run in method_runs},
+                {run.seed: run.curve() for run in base_runs})
 
 
 def _paper_cells() -> dict[tuple, dict[str, float]]:
@@ -200,7 +197,7 @@ def convergence(groups: dict[tuple, dict[str, list[Run]]], window: int = 50) -> 
         for method, method_runs in by_method.items():
             last, before, spread = [], [], []
             for run in method_runs:
-                rounds, accuracy = _accuracy(run)
+                rounds, accuracy = run.curve()
                 if len(rounds) == 0:
                     continue
                 end = rounds.max()
@@ -249,7 +246,7 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
                              squeeze=False)
     for ax, setting in zip(axes.flat, settings, strict=False):
         for method, runs in groups[setting].items():
-            curves = [c for c in (_accuracy(r) for r in runs) if len(c[0])]
+            curves = [c for c in (r.curve() for r in runs) if len(c[0])]
             if not curves:
                 continue
             x, mean, low, high = mean_band(curves)
@@ -258,7 +255,7 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
                               markersize=4, markevery=markevery(len(x)))
             if len(curves) > 1:
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
-            personal = [c for c in (_accuracy(r, PERSONAL) for r in runs) if len(c[0])]
+            personal = [c for c in (r.curve((PERSONAL,)) for r in runs) if len(c[0])]
             if personal:  # dotted, the method's colour, no marker: its personal models
                 x, mean, _, _ = mean_band(personal)
                 ax.plot(x, mean, lw=1.6, ls=":", color=line.get_color(),
@@ -352,28 +349,6 @@ def _value_text(value) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
-def _grid_files(runs: list[Run]) -> list[str]:
-    """The grid files the runs' cells name (cells/<id>/cell.json above runs/<alg>/seed<N>)."""
-    grids = set()
-    for run in runs:
-        cell = Path(run.run_dir).parents[2] / "cell.json"
-        try:
-            grid = json.loads(cell.read_text()).get("grid_file")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(grid, str) and grid:
-            grids.add(grid)
-    return sorted(grids)
-
-
-def _environment(run: Run) -> dict:
-    try:
-        environment = json.loads((Path(run.run_dir) / "run.json").read_text()).get("environment")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return environment if isinstance(environment, dict) else {}
-
-
 def _shared(runs: list[Run], keys: list[str]) -> dict[str, str]:
     """The settings of ``keys`` that every run of ``runs`` holds at one value, as text."""
     shared = {}
@@ -396,13 +371,13 @@ def settings_and_cost(results: Path, groups: dict[tuple, dict[str, list[Run]]]) 
     runs = [r for by_method in groups.values() for rs in by_method.values() for r in rs]
     keys = sorted({k for run in runs for k in run.config} - NOT_SETTINGS)
     everywhere = _shared(runs, keys)
-    grids = _grid_files(runs)
+    grids = sorted({run.grid_file for run in runs if run.grid_file})
     made_by = ("Made by " + " and ".join(
         f"`python -m flnotes sweep {grid} --set data_dir=DIR --out {_shown(results)} "
         "--workers 1`" for grid in grids)
         + " (DIR: the dataset's folder); it skips the cells a folder holds and runs the rest."
         if grids else "Made by single runs (no sweep's cell.json above them).")
-    environments = [_environment(run) for run in runs]
+    environments = [run.environment for run in runs]
     devices = sorted({str(e.get("device")) for e in environments if e.get("device")})
     threads = sorted({str(e.get("cpu_threads")) for e in environments if e.get("cpu_threads")})
     lines = ["", "## Settings and cost", "", made_by, "",
@@ -422,8 +397,8 @@ def settings_and_cost(results: Path, groups: dict[tuple, dict[str, list[Run]]]) 
                        if isinstance(r.get("seconds"), (int, float))]
             total += sum(seconds)
             median = f"{float(np.median(seconds)):.1f}" if seconds else "—"
-            rows.append(f"| {' | '.join(setting)} | {method} | {', '.join(own) or '—'} | "
-                        f"{len(method_runs)} | {sum(seconds) / 3600:.2f} | {median} |")
+            rows.append(_row(*setting, method, ", ".join(own) or "—", len(method_runs),
+                             f"{sum(seconds) / 3600:.2f}", median))
     lines += [
         "Time: the rounds' own seconds (training, aggregation, evaluation; loading the data "
         "left out) summed per run, on " + (", ".join(devices) or "an unrecorded device")
@@ -431,14 +406,22 @@ def settings_and_cost(results: Path, groups: dict[tuple, dict[str, list[Run]]]) 
            if threads else "")
         + ". Wall time: where other work shared the machine it is more than the CPU time.",
         "",
-        "| dataset | model | heterogeneity | method | its own settings | runs | hours (all "
-        "runs) | seconds a round (median) |",
-        "|---|---|---|---|---|---|---|---|",
-        *rows,
+        *_table([*SETTING, "method", "its own settings", "runs", "hours (all runs)",
+                 "seconds a round (median)"], rows),
         "",
         f"In all: {len(runs)} runs, {total / 3600:.1f} hours of rounds.",
     ]
     return lines
+
+
+def _row(*cells) -> str:
+    """A markdown table's row."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _table(header: list[str], rows: list[str] = ()) -> list[str]:
+    """A markdown table: its header, the rule under it, then ``rows``."""
+    return [_row(*header), "|" + "---|" * len(header), *rows]
 
 
 def _shown(path: Path) -> str:
@@ -494,9 +477,7 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
     paper_of = {setting: paper_setting(by_method) for setting, by_method in groups.items()}
     shown_tables = [t for t in PAPER_TABLES
                     if any((t, *paper_of[setting]) in papers for setting in groups)]
-    statuses = {}
-    for run in runs:
-        statuses[run.status] = statuses.get(run.status, 0) + 1
+    statuses = Counter(run.status for run in runs)
     lines = [
         f"# Results: {results.resolve().name}",
         "",
@@ -517,9 +498,8 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
         "At round R: the evaluation at R (or the last before it) of each run that got there; "
         "final: each run's last evaluation.",
         "",
-        "| dataset | model | heterogeneity | method | seeds | rounds (per seed / planned) | "
-        + " | ".join(f"round {r}" for r in at_rounds) + " | final |",
-        "|" + "---|" * (7 + len(at_rounds)),
+        *_table([*SETTING, "method", "seeds", "rounds (per seed / planned)",
+                 *(f"round {r}" for r in at_rounds), "final"]),
     ]
     for setting, by_method in groups.items():
         for method, method_runs in by_method.items():
@@ -532,10 +512,9 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
             rounds = sorted({r for r, _ in finals})
             where = "" if not rounds else f" (round {rounds[0]})" if len(rounds) == 1 else \
                 f" (rounds {rounds[0]}-{rounds[-1]})"
-            lines.append(f"| {' | '.join(setting)} | {method} | "
-                         f"{', '.join(str(r.seed) for r in method_runs)} | "
-                         f"{reached} / {', '.join(planned)} | " + " | ".join(at)
-                         + f" | {_mean_std([v for _, v in finals])}{where} |")
+            lines.append(_row(*setting, method, ", ".join(str(r.seed) for r in method_runs),
+                              f"{reached} / {', '.join(planned)}", *at,
+                              f"{_mean_std([v for _, v in finals])}{where}"))
     lines += [
         "",
         "## Differences to FedAvg, beside the papers'",
@@ -547,9 +526,8 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
         "spread, does not hold when every seed trails by more, and otherwise cannot be told "
         "(always with one seed). Paper: the same difference of the published cells.",
         "",
-        "| dataset | model | heterogeneity | difference | ours (late mean) | per seed (seed: "
-        "late difference, ahead) | reading | paper | paper's cells |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *_table([*SETTING, "difference", "ours (late mean)",
+                 "per seed (seed: late difference, ahead)", "reading", "paper", "paper's cells"]),
     ]
     readings = []
     for setting, by_method in groups.items():
@@ -570,9 +548,9 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
                 f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} " \
                 f"({table}{_stand_in(setting, paper_of[setting])})"
             note = diverged(by_method, method, BASELINE)
-            lines.append(f"| {' | '.join(setting)} | {method} − {BASELINE} | {ours} | "
-                         f"{per_seed} | {result.verdict}{' (a run diverged)' if note else ''} "
-                         f"| {shown} | {cell_text} |")
+            lines.append(_row(*setting, f"{method} − {BASELINE}", ours, per_seed,
+                              result.verdict + (" (a run diverged)" if note else ""), shown,
+                              cell_text))
             readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}"
                             + (f" {note[0].upper()}{note[1:]}." if note else ""))
     if readings_png:
@@ -588,18 +566,16 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
         "## The papers' cells beside our final accuracy",
         "",
         *stand_ins,
-        "| dataset | model | heterogeneity | method | ours (final) | "
-        + " | ".join(shown_tables) + " |",
+        # (the tables' cells joined into one: no table shown, still one empty cell)
+        _row(*SETTING, "method", "ours (final)", " | ".join(shown_tables)),
         "|---|---|---|---|---|" + "---|" * len(shown_tables),
     ]
     for setting, by_method in groups.items():
         for method, method_runs in by_method.items():
-            finals = [v for f in (final(run) for run in method_runs) if f is not None
-                      for v in [f[1]]]
+            finals = [f[1] for f in (final(run) for run in method_runs) if f]
             paper = [papers.get((t, *paper_of[setting]), {}).get(method) for t in shown_tables]
-            lines.append(f"| {' | '.join(setting)} | {method} | {_mean_std(finals)} | "
-                         + " | ".join("—" if v is None else f"{v:.2f}" for v in paper)
-                         + " |")
+            lines.append(_row(*setting, method, _mean_std(finals), " | ".join(
+                "—" if v is None else f"{v:.2f}" for v in paper)))
     personal_lines, personal_readings = personal_section(groups)
     lines += personal_lines
     lines += [
@@ -623,10 +599,10 @@ def personal_readings(by_method: dict[str, list[Run]]) -> list[tuple[str, Readin
     record personal accuracy (FML), over the runs that do."""
     out = []
     for method, method_runs in by_method.items():
-        with_personal = [r for r in method_runs if len(_accuracy(r, PERSONAL)[0])]
+        with_personal = [r for r in method_runs if len(r.curve((PERSONAL,))[0])]
         if with_personal:
-            out.append((method, read({r.seed: _accuracy(r, PERSONAL) for r in with_personal},
-                                     {r.seed: _accuracy(r) for r in with_personal})))
+            out.append((method, read({r.seed: r.curve((PERSONAL,)) for r in with_personal},
+                                     {r.seed: r.curve() for r in with_personal})))
     return out
 
 
@@ -639,14 +615,13 @@ def personal_section(groups: dict[tuple, dict[str, list[Run]]]) -> tuple[list[st
     rows, readings = [], []
     for setting, by_method in groups.items():
         for method, result in personal_readings(by_method):
-            with_personal = [r for r in by_method[method] if len(_accuracy(r, PERSONAL)[0])]
+            with_personal = [r for r in by_method[method] if len(r.curve((PERSONAL,))[0])]
             personal = [f[1] for f in (final(r, PERSONAL) for r in with_personal) if f]
             overall = [f[1] for f in (final(r) for r in with_personal) if f]
-            rows.append(f"| {' | '.join(setting)} | {method} | "
-                        f"{', '.join(str(r.seed) for r in with_personal)} | "
-                        f"{_mean_std(personal)} | {_mean_std(overall)} | "
-                        f"{_mean_std([s.difference for s in result.seeds], signed=True)} | "
-                        f"{result.verdict} |")
+            rows.append(_row(*setting, method, ", ".join(str(r.seed) for r in with_personal),
+                             _mean_std(personal), _mean_std(overall),
+                             _mean_std([s.difference for s in result.seeds], signed=True),
+                             result.verdict))
             readings.append(f"- {', '.join(setting)}: "
                             + result.sentence(f"{method}'s personal models",
                                               "its global model"))
@@ -662,10 +637,8 @@ def personal_section(groups: dict[tuple, dict[str, list[Run]]]) -> tuple[list[st
         "(personal minus global over the late window). Different test data: a personal "
         "model is meant for its own client's distribution.",
         "",
-        "| dataset | model | heterogeneity | method | seeds | personal (final) | "
-        "global (final) | personal − global (late mean) | reading |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        *_table([*SETTING, "method", "seeds", "personal (final)", "global (final)",
+                 "personal − global (late mean)", "reading"], rows),
     ], readings
 
 

@@ -234,6 +234,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
         personal = run_metrics([100 * r["personal_accuracy"] for r in records
                                 if "personal_accuracy" in r])
         seconds = [r["seconds"] for r in records if _is_finite_number(r.get("seconds"))]
+        environment = meta.get("environment", {})
         rows.append({"paper_table": cell.get("paper_table"), **labels,
                      "algorithm": config.get("algorithm"), "seed": config.get("seed"),
                      "status": meta.get("status"), "rounds": len(records),
@@ -248,14 +249,14 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                      "settings_key": _settings_key(meta, config),
                      "written": _written(meta_file, metrics_file),
                      "error": " ".join(str(meta.get("error") or "").split()),
+                     # (the results page's settings and cost: the sweep and the machine)
+                     "grid_file": cell.get("grid_file"), "environment": environment,
                      # (where the data came from: a lossy copy is marked, paper_setting)
-                     "config": {**config, "data_source":
-                                meta.get("environment", {}).get("data_source", "")}})
+                     "config": {**config, "data_source": environment.get("data_source", "")}})
     columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
                "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
                "personal_last_mean", "seconds_per_round", "run_dir", "paper_labels",
-               "settings_key",
-               "written", "error", "config"]
+               "settings_key", "written", "error", "grid_file", "environment", "config"]
     return pd.DataFrame(rows, columns=columns)
 
 
