@@ -373,12 +373,11 @@ def panel_lines(figure: Figure, runs: list[Run], line: Callable) -> list[Line]:
         groups.setdefault(line(run), []).append(run)
     out = []
     for label in sorted(groups, key=_line_order):
-        curves = [run.curve(figure.metrics) for run in groups[label]]
-        curves = [c for c in curves if len(c[0])]
-        if not curves:
+        drawn = [(run.seed, c) for run in groups[label] if len((c := run.curve(figure.metrics))[0])]
+        if not drawn:
             continue
+        seeds, curves = (list(v) for v in zip(*drawn, strict=True))
         x, mean, low, high = mean_band(curves)
-        seeds = [run.seed for run in groups[label] if len(run.curve(figure.metrics)[0])]
         # the seeds' own curves, for the reading rule; none where a seed repeats in a line
         per_seed = dict(zip(seeds, curves, strict=True)) if len(set(seeds)) == len(seeds) \
             else {}
@@ -431,15 +430,10 @@ def _verdict(figure: Figure, lines: list[Line]) -> str:
         return f"; {' / '.join(figure.expected_best)} not run"
     if not others:
         return ""
-    claims = []
-    for best in claimed:
-        for other in others:
-            if figure.higher_is_better:
-                result = read(best.per_seed, other.per_seed)
-                claims.append((f"{best.label} > {other.label}", result))
-            else:  # lower is better: read "other > best" on the loss
-                result = read(other.per_seed, best.per_seed)
-                claims.append((f"{best.label} < {other.label}", result))
+    # (lower is better, a loss: "best < other" is read as "other > best")
+    claims = [(f"{b.label} > {o.label}", read(b.per_seed, o.per_seed)) if figure.higher_is_better
+              else (f"{b.label} < {o.label}", read(o.per_seed, b.per_seed))
+              for b in claimed for o in others]
     verdicts = {result.verdict for _, result in claims}
     overall = ("holds" if verdicts == {HOLDS} else "does not hold" if DOES_NOT_HOLD in verdicts
                else "cannot be told")

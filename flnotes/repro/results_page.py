@@ -161,8 +161,7 @@ def _paper_cells() -> dict[tuple, dict[str, float]]:
     """(table, dataset, model, heterogeneity) -> method -> the paper's accuracy."""
     cells: dict[tuple, dict[str, float]] = {}
     for name in PAPER_TABLES:
-        table = load_paper_table(name)
-        for _, row in table.iterrows():
+        for _, row in load_paper_table(name).iterrows():
             key = (name, row["dataset"], row["model"], row["heterogeneity"])
             if not np.isnan(row["accuracy_mean"]):
                 cells.setdefault(key, {})[row["method"]] = float(row["accuracy_mean"])
@@ -198,11 +197,9 @@ def convergence(groups: dict[tuple, dict[str, list[Run]]], window: int = 50) -> 
             last, before, spread = [], [], []
             for run in method_runs:
                 rounds, accuracy = run.curve()
-                if len(rounds) == 0:
+                if not len(rounds) or rounds.max() < 2 * window:
                     continue
                 end = rounds.max()
-                if end < 2 * window:
-                    continue
                 tail = accuracy[rounds > end - window]
                 last.extend(tail)
                 before.extend(accuracy[(rounds > end - 2 * window) & (rounds <= end - window)])
@@ -227,9 +224,7 @@ def panel_title(setting: tuple, by_method: dict[str, list[Run]]) -> str:
                      if r.config.get("model")})
     parts = [str(p) for p in setting]
     if models and not any(m.lower() == p.lower() for m in models for p in parts):
-        named = f" (model {', '.join(models)})"
-        at = 2 if len(parts) > 2 else len(parts)  # after dataset and model label
-        parts[at - 1] += named
+        parts[min(len(parts), 2) - 1] += f" (model {', '.join(models)})"  # after the model
     return ", ".join(parts)
 
 

@@ -166,10 +166,7 @@ def _written(*files: Path) -> float:
 # running, interrupted, diverged), used only where no completed folder exists and marked
 # partial; a failed one, which no table averages in. A rerun that fails or is stopped must not
 # hide the run that completed before it.
-def _preference(status) -> int:
-    if status == "completed":
-        return 2
-    return 0 if status == FAILED else 1
+_PREFERENCE = {"completed": 2, FAILED: 0}  # any other status: 1
 
 
 def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
@@ -184,8 +181,8 @@ def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
         return runs
     keep = []
     for _, group in runs.groupby("settings_key", sort=False):
-        group = group.assign(_preference=group["status"].map(_preference)).sort_values(
-            ["_preference", "written", "run_dir"], kind="stable")
+        group = group.assign(_preference=[_PREFERENCE.get(s, 1) for s in group["status"]])
+        group = group.sort_values(["_preference", "written", "run_dir"], kind="stable")
         kept = group.iloc[-1]
         keep.append(kept.name)
         if len(group) > 1:
