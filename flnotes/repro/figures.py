@@ -86,15 +86,12 @@ def load_runs(results: str | Path) -> list[Run]:
     frame = frame[frame["status"] != tables.FAILED]
     runs = []
     for _, row in frame.iterrows():
-        folder = Path(row["run_dir"])
-        rows = tables.read_metric_rows(folder / "metrics.jsonl",
-                                       running=row["status"] == "running")
         labels = {k: row[k] for k in ("dataset", "model", "heterogeneity", "method")}
         labels.update(row["paper_labels"] or {})
         table, grid = (v if isinstance(v, str) and v else None
                        for v in (row.get("paper_table"), row.get("grid_file")))
         runs.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
-                        rows, str(folder), table, grid, row["environment"]))
+                        row["rows"], row["run_dir"], table, grid, row["environment"]))
     return runs
 
 

@@ -103,10 +103,9 @@ def _is_finite_number(value) -> bool:
         and bool(np.isfinite(value))
 
 
-def read_metric_rows(path: Path, running: bool = False, warn: bool = True) -> list[dict]:
+def read_metric_rows(path: Path, running: bool = False) -> list[dict]:
     """metrics.jsonl's readable rows; one warning naming the file and the line numbers of the
-    rows left out (not JSON, not a round's row, an accuracy that is null, text or not finite),
-    unless ``warn`` is False (a second reading of a file whose warning was printed already).
+    rows left out (not JSON, not a round's row, an accuracy that is null, text or not finite).
 
     With ``running``, a half-written last line (a run writing it now) is left out quietly.
     ValueError only when the file itself cannot be read.
@@ -135,7 +134,7 @@ def read_metric_rows(path: Path, running: bool = False, warn: bool = True) -> li
                 f"{key} {json.dumps(row[key], default=str)}" for key in wrong) + ")")
             continue
         rows.append(row)
-    if bad and warn:
+    if bad:
         print(f"warning: {path}: skipped {len(bad)} unreadable metrics "
               f"row{'s' if len(bad) != 1 else ''}: {', '.join(bad)}", file=sys.stderr)
     return rows
@@ -243,7 +242,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                      # the paper setting a stand-in's cells are read beside (results page)
                      "paper_labels": {k: str(v) for k, v in cell.get("labels", {}).items()
                                       if k.startswith("paper_")},
-                     "settings_key": _settings_key(meta, config),
+                     "settings_key": _settings_key(meta, config), "rows": records,
                      "written": _written(meta_file, metrics_file),
                      "error": " ".join(str(meta.get("error") or "").split()),
                      # (the results page's settings and cost: the sweep and the machine)
@@ -253,7 +252,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
     columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
                "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
                "personal_last_mean", "seconds_per_round", "run_dir", "paper_labels",
-               "settings_key", "written", "error", "grid_file", "environment", "config"]
+               "settings_key", "rows", "written", "error", "grid_file", "environment", "config"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -425,9 +424,7 @@ def readings(runs: pd.DataFrame) -> list[str]:
     curves: dict[tuple, dict[str, dict[int, tuple]]] = {}
     stops: dict[tuple, dict[str, dict[int, int]]] = {}  # setting -> method -> diverged seeds
     for _, run in runs.iterrows():
-        # (collect_runs read these files already and warned of any unreadable row)
-        rows = read_metric_rows(Path(run["run_dir"]) / "metrics.jsonl",
-                                running=run["status"] == "running", warn=False)
+        rows = run["rows"]
         points = [(r["round"], 100 * r["accuracy"]) for r in rows if "accuracy" in r]
         setting, method = tuple(str(run[k]) for k in KEY[:3]), str(run["method"])
         if run["status"] == "diverged":
