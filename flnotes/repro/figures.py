@@ -39,60 +39,10 @@ from matplotlib.ticker import MaxNLocator
 
 from flnotes.messages import did_you_mean
 from flnotes.plots import line_style, markevery
-from flnotes.repro import tables
 from flnotes.repro.reading import DOES_NOT_HOLD, HOLDS, read
+from flnotes.repro.tables import Run, load_runs
 
 # ---------------------------------------------------------------- runs and curves
-
-
-@dataclass
-class Run:
-    """One run folder: its table labels, config and curve rows."""
-
-    labels: dict
-    config: dict
-    seed: int
-    status: str
-    rows: list[dict]
-    run_dir: str
-    paper_table: str | None = None  # the table its grid lands on (cell.json), if any
-    grid_file: str | None = None  # the grid its cell names (cell.json), if any
-    environment: dict = field(default_factory=dict)  # run.json's: device, threads
-
-    def value(self, key: str):
-        """A label (dataset, model, heterogeneity, method) or else a config field; None if
-        the run has neither (a method that does not read that setting)."""
-        if key in self.labels:
-            return self.labels[key]
-        return self.config.get(key)
-
-    def curve(self, metrics: tuple[str, ...] = ("accuracy",)) -> tuple[np.ndarray, np.ndarray]:
-        """(rounds, values) of the first metric of ``metrics`` the run records; accuracies in
-        percent."""
-        for metric in metrics:
-            points = [(r["round"], r[metric]) for r in self.rows
-                      if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
-            if points:
-                rounds, values = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
-                return rounds, values * (100.0 if "accuracy" in metric else 1.0)
-        return np.zeros(0), np.zeros(0)
-
-
-def load_runs(results: str | Path) -> list[Run]:
-    """Every run folder under ``results`` (failed runs left out, a run found twice counted
-    once, its completed folder before a newer failed or stopped one, as in ``tables``:
-    :func:`flnotes.repro.tables.one_per_run`), with its metrics rows."""
-    frame = tables.one_per_run(tables.collect_runs(results))
-    frame = frame[frame["status"] != tables.FAILED]
-    runs = []
-    for _, row in frame.iterrows():
-        labels = {k: row[k] for k in ("dataset", "model", "heterogeneity", "method")}
-        labels.update(row["paper_labels"] or {})
-        table, grid = (v if isinstance(v, str) and v else None
-                       for v in (row.get("paper_table"), row.get("grid_file")))
-        runs.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
-                        row["rows"], row["run_dir"], table, grid, row["environment"]))
-    return runs
 
 
 def _matches(run: Run, where: dict) -> bool:

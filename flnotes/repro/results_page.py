@@ -26,7 +26,7 @@ folder gives the same page. It holds
 Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
 rounds they have, and the page says how far each got. Of two folders of one run, the page
 uses the one ``tables`` uses (the completed one before a newer failed or interrupted one;
-``flnotes.repro.tables.one_per_run``, through ``figures.load_runs``).
+``flnotes.repro.tables.one_per_run``, through ``tables.load_runs``).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from matplotlib.lines import Line2D
 
 from flnotes.plots import line_style, markevery
 from flnotes.repro import REPO_ROOT
-from flnotes.repro.figures import Run, load_runs, mean_band
+from flnotes.repro.figures import mean_band
 from flnotes.repro.paper_tables import load_paper_table
-from flnotes.repro.reading import CANNOT_TELL, DOES_NOT_HOLD, HOLDS, Reading, diverged_note, read
-from flnotes.repro.tables import BASELINE, sample_std
+from flnotes.repro.reading import CANNOT_TELL, DOES_NOT_HOLD, HOLDS, Reading, read
+from flnotes.repro.tables import BASELINE, SETTING, Run, by_setting, diverged, load_runs, sample_std
 
 # a seed method -> its own paper's table, whose difference to FedAvg sits beside ours; any
 # other method (a baseline) is read against the table its grid lands on (cell.json)
@@ -56,7 +56,6 @@ PAPER_OF = {"FedMut": "fedmut_table1", "FedQP": "fedqp_tableI", "FedMR": "fedmr_
 # the order of the papers' columns; only tables with a cell for a setting on the page show
 PAPER_TABLES = ("fedmut_table1", "fedqp_tableI", "fedmr_table1", "fml_table1",
                 "fedmut_table2", "fedqp_tableII", "fedup_table4", "fedup_table5")
-SETTING = ("dataset", "model", "heterogeneity")
 PERSONAL = "personal_accuracy"  # FML's personal models, on each client's held-out rows
 
 
@@ -77,10 +76,6 @@ def paper_table_of(method: str, runs: list[Run], setting: tuple,
     candidates = [t for t in candidates if t]
     return next((t for t in candidates if method in papers.get((t, *setting), {})),
                 candidates[0] if candidates else None)
-
-
-def _setting(run: Run) -> tuple[str, str, str]:
-    return tuple(str(run.labels[k]) for k in SETTING)
 
 
 def paper_setting(by_method: dict[str, list[Run]]) -> tuple[str, str, str]:
@@ -125,22 +120,6 @@ def _mean_std(values: list[float], of: int | None = None, signed: bool = False) 
     return text
 
 
-def by_setting(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
-    """setting -> method -> runs (by seed), everything sorted."""
-    out: dict[tuple, dict[str, list[Run]]] = {}
-    for run in sorted(runs, key=lambda r: (_setting(r), str(r.labels["method"]), r.seed)):
-        out.setdefault(_setting(run), {}).setdefault(str(run.labels["method"]), []).append(run)
-    return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
-            for k, v in sorted(out.items())}
-
-
-def diverged(by_method: dict[str, list[Run]], *methods: str) -> str:
-    """The reading's note on runs of ``methods`` that diverged (reading.diverged_note)."""
-    return diverged_note({m: {r.seed: max((row["round"] for row in r.rows), default=0)
-                              for r in by_method.get(m, []) if r.status == "diverged"}
-                          for m in methods})
-
-
 def late_reading(method_runs: list[Run], base_runs: list[Run]) -> Reading:
     """The reading rule on each seed's pair of runs (the method's and FedAvg's). Two runs of
     one method, setting and seed (two settings of one cell, e.g. an old folder beside a rerun)
@@ -150,7 +129,7 @@ def late_reading(method_runs: list[Run], base_runs: list[Run]) -> Reading:
         for run in runs:
             if run.seed in seen:
                 raise ValueError(f"two runs of {run.labels['method']}, seed {run.seed}, in "
-                                 f"{', '.join(map(str, _setting(run)))}: "
+                                 f"{', '.join(run.setting)}: "
                                  f"{seen[run.seed].run_dir} and {run.run_dir}; move one away")
             seen[run.seed] = run
     return read({run.seed: run.curve() for run in method_runs},
@@ -294,10 +273,10 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 1.0 + 0.32 * rows),
                              squeeze=False)
     for ax, (setting, readings) in zip(axes.flat, panels.items(), strict=True):
-        for y, (_, result, diverged) in enumerate(readings):
+        for y, (_, result, ringed) in enumerate(readings):
             colour = VERDICT_COLOURS[result.verdict]
             for ring in (False, True):
-                seeds = [s for s in result.seeds if (s.seed in diverged) == ring]
+                seeds = [s for s in result.seeds if (s.seed in ringed) == ring]
                 if seeds:
                     ax.scatter([s.difference for s in seeds], [y] * len(seeds), s=22,
                                zorder=3, facecolors="none" if ring else colour,

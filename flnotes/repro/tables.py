@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,7 @@ from flnotes.repro.paper_tables import (
 from flnotes.repro.reading import claim_line, diverged_note, read
 
 LAST_EVALUATIONS = 10
+SETTING = ("dataset", "model", "heterogeneity")  # a table's row: KEY without the method
 FAILED = "failed"  # run.json status of a run that raised (left out of every table)
 METRIC_KEYS = ("accuracy", "personal_accuracy")  # per-row values that must be finite numbers
 
@@ -174,7 +177,7 @@ def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
     among equals the newest. A warning names every folder of the run.
 
     The one choice of ``tables``, ``figures`` and ``results-page`` (through
-    :func:`flnotes.repro.figures.load_runs`).
+    :func:`load_runs`).
     """
     if not len(runs) or "settings_key" not in runs:
         return runs
@@ -254,6 +257,79 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                "personal_last_mean", "seconds_per_round", "run_dir", "paper_labels",
                "settings_key", "rows", "written", "error", "grid_file", "environment", "config"]
     return pd.DataFrame(rows, columns=columns)
+
+
+@dataclass
+class Run:
+    """One run folder: its table labels, config and curve rows."""
+
+    labels: dict
+    config: dict
+    seed: int
+    status: str
+    rows: list[dict]
+    run_dir: str
+    paper_table: str | None = None  # the table its grid lands on (cell.json), if any
+    grid_file: str | None = None  # the grid its cell names (cell.json), if any
+    environment: dict = field(default_factory=dict)  # run.json's: device, threads
+
+    def value(self, key: str):
+        """A label (dataset, model, heterogeneity, method) or else a config field; None if
+        the run has neither (a method that does not read that setting)."""
+        if key in self.labels:
+            return self.labels[key]
+        return self.config.get(key)
+
+    @property
+    def setting(self) -> tuple[str, str, str]:
+        return tuple(str(self.labels[k]) for k in SETTING)
+
+    def curve(self, metrics: tuple[str, ...] = ("accuracy",)) -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, values) of the first metric of ``metrics`` the run records; accuracies in
+        percent."""
+        for metric in metrics:
+            points = [(r["round"], r[metric]) for r in self.rows
+                      if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
+            if points:
+                rounds, values = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
+                return rounds, values * (100.0 if "accuracy" in metric else 1.0)
+        return np.zeros(0), np.zeros(0)
+
+
+def _as_runs(runs: pd.DataFrame) -> list[Run]:
+    """:func:`collect_runs` rows as Runs, failed runs left out."""
+    out = []
+    for _, row in runs[runs["status"] != FAILED].iterrows():
+        labels = {k: row[k] for k in KEY}
+        labels.update(row["paper_labels"] or {})
+        table, grid = (v if isinstance(v, str) and v else None
+                       for v in (row.get("paper_table"), row.get("grid_file")))
+        out.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
+                       row["rows"], row["run_dir"], table, grid, row["environment"]))
+    return out
+
+
+def load_runs(results: str | Path) -> list[Run]:
+    """Every run folder under ``results`` (failed runs left out, a run found twice counted
+    once, its completed folder before a newer failed or stopped one: :func:`one_per_run`),
+    with its metrics rows; what ``figures`` and ``results-page`` draw and read."""
+    return _as_runs(one_per_run(collect_runs(results)))
+
+
+def by_setting(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
+    """setting -> method -> runs (by seed), everything sorted, FedAvg first."""
+    out: dict[tuple, dict[str, list[Run]]] = {}
+    for run in sorted(runs, key=lambda r: (r.setting, str(r.labels["method"]), r.seed)):
+        out.setdefault(run.setting, {}).setdefault(str(run.labels["method"]), []).append(run)
+    return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
+            for k, v in sorted(out.items())}
+
+
+def diverged(by_method: dict[str, list[Run]], *methods: str) -> str:
+    """The reading's note on runs of ``methods`` that diverged (reading.diverged_note)."""
+    return diverged_note({m: {r.seed: max((row["round"] for row in r.rows), default=0)
+                              for r in by_method.get(m, []) if r.status == "diverged"}
+                          for m in methods})
 
 
 def aggregate(runs: pd.DataFrame, by: Sequence[str] = ("paper_table", *KEY)) -> pd.DataFrame:
@@ -420,29 +496,15 @@ def readings(runs: pd.DataFrame) -> list[str]:
     only when every seed leads by more than the seeds disagree): one line per claim, as the
     results page and the notebooks read it. Failed runs are left out; a running one counts
     with the evaluations it has. ``runs``: :func:`collect_runs`, after :func:`one_per_run`."""
-    runs = runs[runs["status"] != FAILED]
-    curves: dict[tuple, dict[str, dict[int, tuple]]] = {}
-    stops: dict[tuple, dict[str, dict[int, int]]] = {}  # setting -> method -> diverged seeds
-    for _, run in runs.iterrows():
-        rows = run["rows"]
-        points = [(r["round"], 100 * r["accuracy"]) for r in rows if "accuracy" in r]
-        setting, method = tuple(str(run[k]) for k in KEY[:3]), str(run["method"])
-        if run["status"] == "diverged":
-            stops.setdefault(setting, {}).setdefault(method, {})[int(run["seed"])] = max(
-                (r["round"] for r in rows), default=0)
-        if points:
-            rounds, values = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
-            curves.setdefault(setting, {}).setdefault(method, {})[int(run["seed"])] = (
-                rounds, values)
     lines = []
-    for setting, by_method in sorted(curves.items()):
-        if BASELINE not in by_method:
-            continue
-        stopped = stops.get(setting, {})
-        lines += [claim_line(setting, f"{method} > {BASELINE}",
-                             read(by_method[method], by_method[BASELINE]),
-                             diverged_note({m: stopped.get(m, {}) for m in (method, BASELINE)}))
-                  for method in sorted(by_method) if method != BASELINE]
+    for setting, by_method in by_setting(_as_runs(runs)).items():
+        # each method's curve per seed (of two runs of one seed, the later in ``runs``)
+        curves = {m: {r.seed: c for r in rs if len((c := r.curve())[0])}
+                  for m, rs in by_method.items()}
+        if curves.get(BASELINE):
+            lines += [claim_line(setting, f"{m} > {BASELINE}", read(curves[m], curves[BASELINE]),
+                                 diverged(by_method, m, BASELINE))
+                      for m in by_method if m != BASELINE and curves[m]]
     return lines
 
 
