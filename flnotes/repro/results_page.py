@@ -86,16 +86,11 @@ def paper_setting(by_method: dict[str, list[Run]]) -> tuple[str, str, str]:
     return tuple(str(labels.get(f"paper_{k}", labels[k])) for k in SETTING)
 
 
-def _stand_in(setting: tuple, paper: tuple) -> str:
-    """', for FEMNIST/CNN/leaf' where our setting stands in for another, else ''."""
-    return "" if tuple(setting) == tuple(paper) else f", for {'/'.join(paper)}"
-
-
-def accuracy_at(run: Run, round_: int, metric: str = "accuracy") -> float | None:
+def accuracy_at(run: Run, round_: int) -> float | None:
     """Test accuracy (%) at ``round_``: its evaluation there or the last one before it; None
     if the run has not reached that round."""
     last = max((r["round"] for r in run.rows), default=0)
-    rounds, values = run.curve((metric,))
+    rounds, values = run.curve()
     if last < round_ or not len(rounds) or rounds[0] > round_:
         return None
     return float(values[rounds <= round_][-1])
@@ -145,14 +140,6 @@ def _paper_cells() -> dict[tuple, dict[str, float]]:
             if not np.isnan(row["accuracy_mean"]):
                 cells.setdefault(key, {})[row["method"]] = float(row["accuracy_mean"])
     return cells
-
-
-def reading(method: str, result: Reading, paper: float | None) -> str:
-    """The generated reading of one difference, with the paper's difference beside ours."""
-    text = result.sentence(method, BASELINE)
-    if paper is not None and result.seeds:
-        text += f" The paper's difference is {paper:+.2f}, ours {result.mean:+.2f}."
-    return text
 
 
 def progress(runs: list[Run]) -> str:
@@ -257,11 +244,8 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     verdict (the colour). Methods sorted by the mean; the spread the rule compares against
     is the width of each row's dots. None when no setting has a method beside FedAvg."""
 
-    def diverged_seeds(runs: list[Run]) -> set[int]:
-        return {r.seed for r in runs if r.status == "diverged"}
-
     panels = {setting: [(m, late_reading(runs, by_method[BASELINE]),
-                         diverged_seeds(runs) | diverged_seeds(by_method[BASELINE]))
+                         {r.seed for r in runs + by_method[BASELINE] if r.status == "diverged"})
                         for m, runs in by_method.items() if m != BASELINE]
               for setting, by_method in groups.items() if BASELINE in by_method}
     panels = {k: sorted((r for r in v if r[1].seeds), key=lambda r: r[1].mean)
@@ -351,9 +335,8 @@ def settings_and_cost(results: Path, groups: dict[tuple, dict[str, list[Run]]]) 
         "--workers 1`" for grid in grids)
         + " (DIR: the dataset's folder); it skips the cells a folder holds and runs the rest."
         if grids else "Made by single runs (no sweep's cell.json above them).")
-    environments = [run.environment for run in runs]
-    devices = sorted({str(e.get("device")) for e in environments if e.get("device")})
-    threads = sorted({str(e.get("cpu_threads")) for e in environments if e.get("cpu_threads")})
+    devices, threads = (sorted({str(r.environment[k]) for r in runs if r.environment.get(k)})
+                        for k in ("device", "cpu_threads"))
     lines = ["", "## Settings and cost", "", made_by, "",
              f"Every run: {_settings_text(everywhere)}.", ""]
     rows, total = [], 0.0
@@ -454,7 +437,7 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
     statuses = Counter(run.status for run in runs)
     accuracies, differences, paper_cells, readings = [], [], [], []  # rows of the tables
     for setting, by_method in groups.items():
-        base = by_method.get(BASELINE, [])
+        base, theirs = by_method.get(BASELINE, []), paper_of[setting]
         for method, method_runs in by_method.items():
             reached = ", ".join(str(max((r["round"] for r in run.rows), default=0))
                                 for run in method_runs)
@@ -468,30 +451,33 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "") -> 
             ours = _mean_std([v for _, v in finals])
             accuracies.append(_row(*setting, method, ", ".join(str(r.seed) for r in method_runs),
                                    f"{reached} / {', '.join(planned)}", *at, ours + where))
-            published = [papers.get((t, *paper_of[setting]), {}).get(method)
-                         for t in shown_tables]
+            published = [papers.get((t, *theirs), {}).get(method) for t in shown_tables]
             paper_cells.append(_row(*setting, method, ours, " | ".join(
                 "—" if v is None else f"{v:.2f}" for v in published)))
             if method == BASELINE or not base:
                 continue
             result = late_reading(method_runs, base)
-            table = paper_table_of(method, method_runs, paper_of[setting], papers)
-            cells = papers.get((table, *paper_of[setting]), {})
+            table = paper_table_of(method, method_runs, theirs, papers)
+            cells = papers.get((table, *theirs), {})
             paper = (cells[method] - cells[BASELINE]
                      if method in cells and BASELINE in cells else None)
             per_seed = "; ".join(f"{s.seed}: {s.difference:+.2f}, {s.leads}/{s.evaluations}"
                                  for s in result.seeds) or "—"
+            # ', for FEMNIST/CNN/leaf' where our setting stands in for the paper's
+            stand_in = "" if setting == theirs else f", for {'/'.join(theirs)}"
             cell_text = "—" if paper is None else \
                 f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} " \
-                f"({table}{_stand_in(setting, paper_of[setting])})"
+                f"({table}{stand_in})"
             note = diverged(by_method, method, BASELINE)
             differences.append(_row(
                 *setting, f"{method} − {BASELINE}",
                 _mean_std([s.difference for s in result.seeds], signed=True), per_seed,
                 result.verdict + (" (a run diverged)" if note else ""),
                 "—" if paper is None else f"{paper:+.2f}", cell_text))
-            readings.append(f"- {', '.join(setting)}: {reading(method, result, paper)}"
-                            + (f" {note[0].upper()}{note[1:]}." if note else ""))
+            readings.append(f"- {', '.join(setting)}: {result.sentence(method, BASELINE)}"
+                            + (f" The paper's difference is {paper:+.2f}, ours "
+                               f"{result.mean:+.2f}." if paper is not None and result.seeds
+                               else "") + (f" {note[0].upper()}{note[1:]}." if note else ""))
     stand_ins = [f"Our {'/'.join(setting)} stands in for the paper's {'/'.join(paper)}: its "
                  "rows show the paper's cells of that setting." for setting, paper in
                  paper_of.items() if tuple(setting) != tuple(paper)]
