@@ -296,14 +296,12 @@ NOT_SETTINGS = {"run_dir", "data_dir", "data_source", "download", "checkpoint_ev
 PARTITION_SETTING = {"dirichlet_alpha": "dirichlet", "shards_per_client": "shards"}
 
 
-def _setting_of(run: Run, key: str):
-    """A run's value of ``key``, None where its partition does not read it."""
-    if key in PARTITION_SETTING and run.config.get("partition") != PARTITION_SETTING[key]:
+def _setting_text(run: Run, key: str) -> str | None:
+    """A run's value of ``key`` as text; None where it has none or its partition does not
+    read it."""
+    value, partition = run.config.get(key), PARTITION_SETTING.get(key)
+    if value is None or (partition and run.config.get("partition") != partition):
         return None
-    return run.config.get(key)
-
-
-def _value_text(value) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
@@ -311,8 +309,8 @@ def _shared(runs: list[Run], keys: list[str]) -> dict[str, str]:
     """The settings of ``keys`` that every run of ``runs`` holds at one value, as text."""
     shared = {}
     for k in keys:
-        seen = {_value_text(_setting_of(run, k)) for run in runs}
-        if len(seen) == 1 and _setting_of(runs[0], k) is not None:
+        seen = {_setting_text(run, k) for run in runs}
+        if len(seen) == 1 and None not in seen:
             shared[k] = seen.pop()
     return shared
 
@@ -346,10 +344,9 @@ def settings_and_cost(results: Path, groups: dict[tuple, dict[str, list[Run]]]) 
         if panel and len(groups) > 1:
             lines += [f"{', '.join(setting)}: {_settings_text(panel)}.", ""]
         for method, method_runs in by_method.items():
-            own = [f"{k} {' / '.join(seen)}" for k in keys if k not in everywhere
+            own = [f"{k} {' / '.join(sorted(seen))}" for k in keys if k not in everywhere
                    and (k not in panel or len(groups) == 1)
-                   for seen in [sorted({_value_text(_setting_of(run, k)) for run in method_runs
-                                        if _setting_of(run, k) is not None})] if seen]
+                   and (seen := {_setting_text(run, k) for run in method_runs} - {None})]
             seconds = [r["seconds"] for run in method_runs for r in run.rows
                        if isinstance(r.get("seconds"), (int, float))]
             total += sum(seconds)
