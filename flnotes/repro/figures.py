@@ -40,7 +40,7 @@ from matplotlib.ticker import MaxNLocator
 from flnotes.messages import did_you_mean
 from flnotes.plots import line_style, markevery
 from flnotes.repro.reading import DOES_NOT_HOLD, HOLDS, read
-from flnotes.repro.tables import Run, load_runs
+from flnotes.repro.tables import SETTING, Run, load_runs
 
 # ---------------------------------------------------------------- runs and curves
 
@@ -65,10 +65,8 @@ def _same(have, wanted) -> bool:
 def mean_band(curves: list[tuple[np.ndarray, np.ndarray]]
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rounds every curve has, and the seeds' mean, lowest and highest value there."""
-    common = None
-    for rounds, _ in curves:
-        common = set(rounds.tolist()) if common is None else common & set(rounds.tolist())
-    x = np.asarray(sorted(common or ()), dtype=float)
+    common = set.intersection(*(set(r.tolist()) for r, _ in curves)) if curves else set()
+    x = np.asarray(sorted(common), dtype=float)
     stack = np.stack([np.asarray([dict(zip(r.tolist(), v.tolist(), strict=True))[k]
                                   for k in x]) for r, v in curves]) if len(x) else \
         np.zeros((len(curves), 0))
@@ -285,8 +283,7 @@ def _panels(figure: Figure, runs: list[Run]) -> list[tuple[str, list[Run], Calla
     for run in chosen:
         groups.setdefault(tuple(run.value(k) for k in figure.split), []).append(run)
     order = sorted(groups, key=lambda key: [_natural(v) for v in key])
-    titles = [", ".join(f"{k} = {_number(v)}" if k not in ("dataset", "model",
-                                                           "heterogeneity") else str(v)
+    titles = [", ".join(str(v) if k in SETTING else f"{k} = {_number(v)}"
                         for k, v in zip(figure.split, key, strict=True)) for key in order]
     return [(f"({chr(97 + i)}) {title}" if len(order) > 1 else title, groups[key],
              figure.line) for i, (key, title) in enumerate(zip(order, titles, strict=True))]

@@ -20,15 +20,12 @@ and a run's config is checked against it (:mod:`flnotes.repro.paper_setting`).
 What is left out, always with a one-line warning or note (never a traceback, never a NaN
 averaged in):
 
-- a metrics row that cannot be read (not JSON, not a round's row, an accuracy that is null,
-  a string or not finite): one warning per file naming it and the line numbers; the rest of
-  the run counts. A half-written last line of a ``running`` run is skipped quietly;
+- a metrics row that cannot be read (:func:`read_metric_rows`): one warning per file naming
+  it and the line numbers; the rest of the run counts;
 - the same run twice: two folders with the same settings hash (run.json ``settings_hash``,
-  or, where none is stored, the same config but for ``run_dir``), seed included, are one run;
-  a completed folder is kept before one that stopped early (running, interrupted, diverged),
-  and that before a failed one; among equals the newer (latest write of run.json or
-  metrics.jsonl); a warning names every folder (:func:`one_per_run`, which ``figures`` and
-  ``results-page`` use too);
+  or, where none is stored, the same config but for ``run_dir``), seed included, are one run,
+  its completed folder kept before one that stopped early or failed (:func:`one_per_run`,
+  which ``figures`` and ``results-page`` use too); a warning names every folder;
 - a run that lands in no cell of a printed table (a dataset, model, heterogeneity or method
   the table does not have, or a run made by another table's sweep): ``tables`` says why in
   one line per run, or per group of runs with the same reason (:func:`unplaced`);
