@@ -25,8 +25,8 @@ folder gives the same page. It holds
 
 Accuracies in percent. Failed runs are left out; running or interrupted runs count with the
 rounds they have, and the page says how far each got. Of two folders of one run, the page
-uses the one ``tables`` uses (the completed one before a newer failed or interrupted one;
-``flnotes.repro.tables.one_per_run``, through ``tables.load_runs``).
+uses the one ``tables`` uses (the completed one before a newer failed or interrupted one:
+``flnotes.repro.tables.one_per_run``).
 """
 
 from __future__ import annotations
@@ -408,17 +408,14 @@ def build_page(results: str | Path, out: str | Path | None = None) -> tuple[Path
     # curves_figure, which a notebook calls under its inline backend.
     matplotlib.use("Agg", force=False)
 
-    fig = curves_figure(groups)
-    fig.savefig(png, dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    dots, dots_png = readings_figure(groups), readings_png(png)
-    if dots is None:  # no reading to draw: no picture left from an earlier page either
-        dots_png.unlink(missing_ok=True)
-    else:
-        dots.savefig(dots_png, dpi=110, metadata={"Software": None})
-        plt.close(dots)
+    dots = readings_png(png)
+    dots.unlink(missing_ok=True)  # where no reading is drawn, none from an earlier page either
+    for figure, path in ((curves_figure, png), (readings_figure, dots)):
+        if (fig := figure(groups)) is not None:
+            fig.savefig(path, dpi=110, metadata={"Software": None})
+            plt.close(fig)
     out.write_text(page_text(results, groups, os.path.relpath(png, out.parent),
-                             os.path.relpath(dots_png, out.parent) if dots else ""))
+                             os.path.relpath(dots, out.parent) if dots.is_file() else ""))
     return out, png
 
 
@@ -568,9 +565,8 @@ def personal_section(groups: dict[tuple, dict[str, list[Run]]]) -> tuple[list[st
                              _mean_std(personal), _mean_std(overall),
                              _mean_std([s.difference for s in result.seeds], signed=True),
                              result.verdict))
-            readings.append(f"- {', '.join(setting)}: "
-                            + result.sentence(f"{method}'s personal models",
-                                              "its global model"))
+            readings.append(f"- {', '.join(setting)}: " + result.sentence(
+                f"{method}'s personal models", "its global model"))
     if not rows:
         return [], []
     return [
