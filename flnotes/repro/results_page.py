@@ -198,14 +198,13 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """One panel per setting: mean accuracy over seeds per method, band lowest-highest.
     Drawn with the current backend (a notebook's inline one; the command sets Agg)."""
 
-    settings = list(groups)
     # One style per method on every panel (colour, dash and marker: lines that lie on top of
     # each other, FedProx on FedAvg, stay visible; FedAvg first)
     methods = list(dict.fromkeys(m for by_method in groups.values() for m in by_method))
     style = {m: line_style(i) for i, m in enumerate(methods)}
-    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(5 * max(len(settings), 1), 3.8),
+    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(5 * max(len(groups), 1), 3.8),
                              squeeze=False)
-    for ax, setting in zip(axes.flat, settings, strict=False):
+    for ax, setting in zip(axes.flat, groups, strict=False):
         for method, runs in groups[setting].items():
             curves = [c for c in (r.curve() for r in runs) if len(c[0])]
             if not curves:

@@ -273,9 +273,7 @@ class Run:
     def value(self, key: str):
         """A label (dataset, model, heterogeneity, method) or else a config field; None if
         the run has neither (a method that does not read that setting)."""
-        if key in self.labels:
-            return self.labels[key]
-        return self.config.get(key)
+        return self.labels[key] if key in self.labels else self.config.get(key)
 
     @property
     def setting(self) -> tuple[str, str, str]:
@@ -297,8 +295,7 @@ def _as_runs(runs: pd.DataFrame) -> list[Run]:
     """:func:`collect_runs` rows as Runs, failed runs left out."""
     out = []
     for _, row in runs[runs["status"] != FAILED].iterrows():
-        labels = {k: row[k] for k in KEY}
-        labels.update(row["paper_labels"] or {})
+        labels = {**{k: row[k] for k in KEY}, **(row["paper_labels"] or {})}
         table, grid = (v if isinstance(v, str) and v else None
                        for v in (row.get("paper_table"), row.get("grid_file")))
         out.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
