@@ -411,9 +411,7 @@ def fedqp_paper_resnet18() -> dict[str, Any]:
 
 @preset("fedqp-paper-vgg16", repository="FedMut")
 def fedqp_paper_vgg16() -> dict[str, Any]:
-    """FedQP (SEKE 2024) Table I with VGG-16: as fedqp-paper (beta0 = 0.3, FedMut's value).
-
-    """
+    """FedQP (SEKE 2024) Table I with VGG-16: as fedqp-paper (beta0 = 0.3, FedMut's value)."""
     return dict(fedqp_paper(), model="vgg16", beta0=0.3)
 
 
