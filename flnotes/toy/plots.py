@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -35,6 +36,10 @@ LIMITS = ((-2.5, 2.5), (-2.2, 2.6))  # the (xlim, ylim) that frame fedmut-fig1's
 GLOBAL_STYLE = {"color": "red", "marker": "o", "ms": 5, "lw": 1.5}
 DISPATCHED_STYLE = {"marker": "s", "s": 28, "facecolors": "none", "edgecolors": "red", "lw": 1.2}
 LOCAL_STYLE = {"marker": "*", "s": 60, "color": "tab:blue", "lw": 0}
+# A figure's one legend, below its panels (inside one it covered where runs end and the
+# mutants), on grey: the white flat-basin dashes show.
+BELOW = {"loc": "lower center", "bbox_to_anchor": (0.5, 0.0), "facecolor": "0.75",
+         "framealpha": 1.0, "fontsize": 8}
 
 
 def _axes(ax, figsize=(5.0, 4.4)):
@@ -43,18 +48,6 @@ def _axes(ax, figsize=(5.0, 4.4)):
         return ax.figure, ax
     fig, ax = plt.subplots(figsize=figsize)
     return fig, ax
-
-
-def symlog_levels(z, num: int, linthresh: float):
-    """(levels, norm): ``num`` contour levels evenly spaced on a symmetric-log colour scale.
-
-    A log scale lets values that differ by orders of magnitude (a flat basin's curvature
-    next to a sharp one's) each get their own colours; "symmetric" keeps the few zero or
-    negative values (a curvature can be) instead of failing on them.
-    """
-
-    norm = SymLogNorm(linthresh, vmin=float(z.min()), vmax=float(z.max()))
-    return norm.inverse(np.linspace(0.0, 1.0, num)), norm
 
 
 def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, levels: int = 25,
@@ -69,28 +62,27 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
     ``labels=False`` leaves the axes' labels as they are (a figure that sets its own).
     """
 
-    gx, gy, z = values if values is not None else grid(fn, xlim, ylim, num)
+    gx, gy, z = (t.numpy() for t in (values if values is not None else grid(fn, xlim, ylim, num)))
     norm = None
     if log:
-        levels, norm = symlog_levels(z.numpy(), levels, linthresh)
+        # Levels evenly spaced on a symmetric-log colour scale: values that differ by orders
+        # of magnitude (a flat basin's curvature next to a sharp one's) each get their own
+        # colours; "symmetric" keeps the few zero or negative values (a curvature can be).
+        norm = SymLogNorm(linthresh, vmin=float(z.min()), vmax=float(z.max()))
+        levels = norm.inverse(np.linspace(0.0, 1.0, levels))
     if filled:
-        cs = ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap, norm=norm)
-        ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, colors="k",
-                   linewidths=0.3, alpha=0.4)
+        cs = ax.contourf(gx, gy, z, levels=levels, cmap=cmap, norm=norm)
+        ax.contour(gx, gy, z, levels=levels, colors="k", linewidths=0.3, alpha=0.4)
         if colorbar:
             bar = ax.figure.colorbar(cs, ax=ax, shrink=0.85, label=label)
             if log:  # ticks at 0, +-0.1, +-1, +-10 rather than at the uneven levels
-
                 bar.set_ticks(SymmetricalLogLocator(linthresh=linthresh, base=10))
                 bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     else:
-        ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=levels, cmap=cmap, linewidths=0.8)
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
-    ax.set_aspect("equal")
+        ax.contour(gx, gy, z, levels=levels, cmap=cmap, linewidths=0.8)
+    ax.set(xlim=xlim, ylim=ylim, aspect="equal")
     if labels:
-        ax.set_xlabel("x")
-        ax.set_ylabel("y")
+        ax.set(xlabel="x", ylabel="y")
     return ax
 
 
@@ -111,15 +103,18 @@ def colorbar_place(fig, width: float = 1.05) -> tuple[float, float, float, float
     return (right + 0.12 * inch, pars.bottom + 0.1 * height, 0.12 * inch, 0.8 * height)
 
 
-def landscape_colorbar(mappable, cax, label: str = "loss", bar=None):
-    """The colour bar of a landscape's filled contours, with round ticks (not its levels).
+def landscape_colorbar(ax, cax, label: str = "loss", bar=None):
+    """The colour bar of the landscape's filled contours in ``ax``, with round ticks (not
+    its levels), for every panel that shares its levels (colour carries a value, so it gets
+    a scale).
 
-    ``bar``: a colour bar already in ``cax``, moved to ``mappable``'s levels and returned
+    ``bar``: a colour bar already in ``cax``, moved to the contours' levels and returned
     (a figure that draws new landscapes keeps one bar: a new bar in a cleared ``cax`` kept
     every earlier bar and its contours alive through the axes' locator, and made the
     figure's draws walk a chain of them).
     """
 
+    mappable = next(c for c in ax.collections if isinstance(c, ContourSet) and c.filled)
     if bar is None:
         bar = cax.figure.colorbar(mappable, cax=cax, label=label)
     else:
@@ -130,21 +125,16 @@ def landscape_colorbar(mappable, cax, label: str = "loss", bar=None):
     return bar
 
 
-def shared_colorbar(fig, axes, label: str = "loss", width: float = 1.05):
-    """One colour bar, in a slot at the figure's right edge, for panels whose landscapes
-    share their levels (the same loss, or levels passed in common): colour carries a value,
-    so it gets a scale. Call it once the panels' margins are set."""
-
-    mappable = next(c for c in axes[0].collections if isinstance(c, ContourSet) and c.filled)
-    return landscape_colorbar(mappable, colorbar_slot(fig, width), label)
-
-
-def common_levels(values, levels: int = 25):
-    """``levels`` contour levels spanning every grid of ``values`` (Z arrays), so that
-    their panels share one colour scale."""
-
-    return np.linspace(min(float(z.min()) for z in values),
-                       max(float(z.max()) for z in values), levels)
+@contextmanager
+def _redrawn(drawn: list, axes):
+    """Remove the artists in ``drawn`` (a figure's last drawing), then list in it what the
+    ``with`` block adds to ``axes`` (nothing, if the block stops)."""
+    for artist in drawn:
+        artist.remove()
+    drawn.clear()
+    before = {ax: set(ax.get_children()) for ax in axes}
+    yield
+    drawn.extend(a for ax in axes for a in ax.get_children() if a not in before[ax])
 
 
 def plot_landscape(fn, xlim=LIMITS[0], ylim=LIMITS[1], title: str | None = None, ax=None,
@@ -245,10 +235,7 @@ class ClientsFigure:
         self.fig, axes = new_figure(1, n, (self.PANEL * n + self.WIDTH, self.HEIGHT), pyplot)
         self.all_axes = list(axes[0])  # every client panel, then the global and overlap
         for k, ax in enumerate(self.all_axes):
-            ax.set_xlim(*xlim)
-            ax.set_ylim(*ylim)
-            ax.set_aspect("equal")
-            ax.set_xlabel("x")
+            ax.set(xlim=xlim, ylim=ylim, aspect="equal", xlabel="x")
             # The panels share one frame: ticks at the whole numbers inside it, and y's
             # numbers on the first panel only (a six-panel figure's first draw is mostly
             # making and laying out tick labels).
@@ -295,56 +282,48 @@ class ClientsFigure:
         for ax in self.axes:
             ax.apply_aspect()
 
-    def not_frames(self) -> list:
-        """Every artist :meth:`set` draws or redraws, in any layout (what ``moving`` lists
-        for it): a rendering of the frames alone, for another layout too, leaves these out."""
-        spines = [spine for ax in self.all_axes for spine in ax.spines.values()]
+    def not_frames(self, axes=None) -> list:
+        """Every artist :meth:`set` draws or redraws, in any layout (``moving`` lists those of
+        ``axes``, the panels shown): a rendering of the frames alone, for another layout too,
+        leaves these out. The frames go over the new contours, as in a full draw."""
+        spines = [spine for ax in axes or self.all_axes for spine in ax.spines.values()]
         return [*self.drawn, *spines, self.all_axes[-1].title, self.cax]
 
     def set(self, federation, level: float = -0.5) -> Figure:
         """Draw ``federation`` (its first clients, as many as the panels) and the overlap of
         every client's region where its loss is below ``level``."""
 
-        for artist in self.drawn:  # the last federation's
-            artist.remove()
-        self.drawn = []  # gone, even if this set() stops before it lists the new ones
-        if federation.num_clients < self.clients:
-            raise ValueError(f"the figure has {self.clients} client panels; the federation "
-                             f"has {federation.num_clients} clients")
-        xlim, ylim = self.xlim, self.ylim
-        # Every client's loss on the grid in one call; the global loss is their mean.
-        gx, gy, every = grid(federation.client_losses, xlim, ylim, self.GRID)  # (.., C)
-        shown = [every[..., k] for k in range(self.clients)]
-        values = [(gx, gy, z) for z in [*shown, every.mean(-1)]]
-        drawn = [*federation.clients[:self.clients], federation.global_loss]
-        # One colour scale for every client and the mean, so that a colour is the same loss
-        # in each panel.
-        levels = common_levels([z for _, _, z in values])
-        before = {ax: set(ax.get_children()) for ax in self.axes}
-        panels = [*self.axes[:self.clients], self.axes[-2]]
-        for ax, fn, grid_values in zip(panels, drawn, values, strict=True):
-            draw_landscape(ax, fn, xlim, ylim, levels=levels, values=grid_values,
-                           labels=False)
-        glob = self.axes[-2]
-        mark_basins(glob, federation)
-        glob.legend(fontsize=7, loc="lower right", facecolor="0.3", labelcolor="white",
-                    framealpha=0.6)
-        colors = plt.get_cmap("tab10").colors
-        ax = self.axes[-1]
-        for k in range(federation.num_clients):
-            z = every[..., k]
-            ax.contourf(gx.numpy(), gy.numpy(), z.numpy(), levels=[z.min().item() - 1, level],
-                        colors=[colors[k % 10]], alpha=0.35)
-            ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=[level],
-                       colors=[colors[k % 10]])
-            ax.plot([], [], color=colors[k % 10], lw=6, alpha=0.5, label=f"client {k}")
-        ax.set_title(f"overlap: loss < {level:.2f}")
-        ax.legend(fontsize=7, loc="upper right")
-        self.drawn = [a for ax in self.axes for a in ax.get_children() if a not in before[ax]]
-        # The frames go over the new contours, as in a full draw.
-        spines = [spine for ax in self.axes for spine in ax.spines.values()]
-        self.moving = [*self.drawn, *spines, self.axes[-1].title, self.cax]
-        self.colorbar = landscape_colorbar(self.axes[0].collections[0], self.cax,
+        with _redrawn(self.drawn, self.axes):  # the last federation's drawing removed
+            if federation.num_clients < self.clients:
+                raise ValueError(f"the figure has {self.clients} client panels; the "
+                                 f"federation has {federation.num_clients} clients")
+            # Every client's loss on the grid in one call; the global loss is their mean.
+            gx, gy, every = grid(federation.client_losses, self.xlim, self.ylim, self.GRID)
+            zs = [*(every[..., k] for k in range(self.clients)), every.mean(-1)]
+            fns = [*federation.clients[:self.clients], federation.global_loss]
+            # One colour scale for every client and the mean, so that a colour is the same
+            # loss in each panel.
+            levels = np.linspace(min(float(z.min()) for z in zs),
+                                 max(float(z.max()) for z in zs), 25)
+            panels = [*self.axes[:self.clients], self.axes[-2]]
+            for ax, fn, z in zip(panels, fns, zs, strict=True):
+                draw_landscape(ax, fn, self.xlim, self.ylim, levels=levels, values=(gx, gy, z),
+                               labels=False)
+            mark_basins(self.axes[-2], federation)
+            self.axes[-2].legend(fontsize=7, loc="lower right", facecolor="0.3",
+                                 labelcolor="white", framealpha=0.6)
+            colors = plt.get_cmap("tab10").colors
+            ax = self.axes[-1]
+            for k in range(federation.num_clients):
+                z, color = every[..., k], colors[k % 10]
+                ax.contourf(gx.numpy(), gy.numpy(), z.numpy(),
+                            levels=[z.min().item() - 1, level], colors=[color], alpha=0.35)
+                ax.contour(gx.numpy(), gy.numpy(), z.numpy(), levels=[level], colors=[color])
+                ax.plot([], [], color=color, lw=6, alpha=0.5, label=f"client {k}")
+            ax.set_title(f"overlap: loss < {level:.2f}")
+            ax.legend(fontsize=7, loc="upper right")
+        self.moving = self.not_frames(self.axes)
+        self.colorbar = landscape_colorbar(self.axes[0], self.cax,
                                            label="loss (clients and global)",
                                            bar=self.colorbar)
         return self.fig
@@ -445,19 +424,15 @@ class TrajectoryFigure:
         self.fig, axes = new_figure(1, panels, (4.2 * panels + 0.95, 4.2), pyplot)
         self.axes = list(axes[0])
         self.xlim, self.ylim = xlim, ylim
-        self.landscape: list = []  # what set_landscape drew, removed by the next one
+        self.landscape: list = []  # what set_landscape drew
         self.cax, self.colorbar = None, None
         self._draw_landscape(fn, federation)
         self.tracks = [TrajectoryArtists(ax, clients=clients) for ax in self.axes]
         # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
         self.fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
         if legend:
-            # One legend for all panels, below them: inside a panel it covered where runs
-            # end. Each entry once.
-            entries = legend_entries(self.axes)
-            self.fig.legend(entries.values(), entries.keys(), loc="lower center", fontsize=8,
-                            ncol=min(len(entries), 4), facecolor="0.75", framealpha=1.0,
-                            bbox_to_anchor=(0.5, 0.0))  # grey: the white flat-basin dashes show
+            entries = legend_entries(self.axes)  # each entry once, for all panels
+            self.fig.legend(entries.values(), entries.keys(), ncol=min(len(entries), 4), **BELOW)
             self.fig.subplots_adjust(bottom=0.24)
         self.cax = colorbar_slot(self.fig)
         self._draw_colorbar()
@@ -465,23 +440,16 @@ class TrajectoryFigure:
         self.moving += [ax.title for ax in self.axes]
 
     def _draw_landscape(self, fn, federation) -> None:
-        for artist in self.landscape:  # the last landscape's
-            artist.remove()
-        self.landscape = []  # gone, even if the drawing below stops
-        before = {ax: set(ax.get_children()) for ax in self.axes}
-        values = grid(fn, self.xlim, self.ylim, 121)  # one landscape for every panel
-        for ax in self.axes:
-            draw_landscape(ax, fn, self.xlim, self.ylim, values=values)
-            if federation is not None:
-                mark_basins(ax, federation)
-        self.landscape = [a for ax in self.axes for a in ax.get_children()
-                          if a not in before[ax]]
+        with _redrawn(self.landscape, self.axes):  # the last landscape's removed
+            values = grid(fn, self.xlim, self.ylim, 121)  # one landscape for every panel
+            for ax in self.axes:
+                draw_landscape(ax, fn, self.xlim, self.ylim, values=values)
+                if federation is not None:
+                    mark_basins(ax, federation)
 
     def _draw_colorbar(self) -> None:
-        mappable = next(c for c in self.axes[0].collections
-                        if isinstance(c, ContourSet) and c.filled)
         # the same bar at the new levels: its ticks are kept, not made anew
-        self.colorbar = landscape_colorbar(mappable, self.cax, bar=self.colorbar)
+        self.colorbar = landscape_colorbar(self.axes[0], self.cax, bar=self.colorbar)
         # The frames go over the contours, as in a full draw.
         spines = [spine for ax in self.axes for spine in ax.spines.values()]
         self.layered = [*self.landscape, *spines, self.cax]
@@ -553,7 +521,7 @@ class MutantsFigure:
                                  wspace=0.3)
         self.cax = colorbar_slot(self.fig)
         self.colorbar = None
-        self.landscape: list = []  # what set_window drew, removed by the next one
+        self.landscape: list = []  # what set_window drew
         self.half_width = self.landscape_width = None
         self.set_window(half_width)
         # The dot does not move, but it is drawn over what does (zorder 4).
@@ -572,27 +540,20 @@ class MutantsFigure:
         cx, cy = self.center
         xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
         self.half_width = half_width
-        if not landscape:
-            for ax in self.axes:
-                ax.set_xlim(*xlim)
-                ax.set_ylim(*ylim)
-            return
-        for artist in self.landscape:  # the last window's
-            artist.remove()
-        self.landscape, self.landscape_width = [], None  # none, if the drawing below stops
-        before = {ax: set(ax.get_children()) for ax in self.axes}
         for ax in self.axes:
-            draw_landscape(ax, self.fn, xlim, ylim, num=81)
-        self.landscape = [a for ax in self.axes for a in ax.get_children()
-                          if a not in before[ax]]
+            ax.set(xlim=xlim, ylim=ylim)
+        if not landscape:
+            return
+        self.landscape_width = None  # none, if the drawing below stops
+        with _redrawn(self.landscape, self.axes):  # the last window's removed
+            for ax in self.axes:
+                draw_landscape(ax, self.fn, xlim, ylim, num=81)
         for artist in self.landscape:
             if isinstance(artist, ContourSet) and not artist.filled:
                 # Under the shaded regions (zorder 2, which contour lines share), whichever
                 # window was drawn first.
                 artist.set_zorder(1.5)
-        mappable = next(c for c in self.axes[0].collections
-                        if isinstance(c, ContourSet) and c.filled)
-        self.colorbar = landscape_colorbar(mappable, self.cax, label="global loss",
+        self.colorbar = landscape_colorbar(self.axes[0], self.cax, label="global loss",
                                            bar=self.colorbar)
         self.landscape_width = half_width
 
@@ -626,9 +587,7 @@ class MutantsFigure:
         if self.legend is not None:
             self.legend.remove()
             self.moving.remove(self.legend)
-        self.legend = self.fig.legend(entries.values(), entries.keys(), fontsize=8,
-                                      loc="lower center", ncol=2, facecolor="0.75",
-                                      framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
+        self.legend = self.fig.legend(entries.values(), entries.keys(), ncol=2, **BELOW)
         self.moving.append(self.legend)  # drawn over the mutants, as in a full draw
         return self.fig
 
@@ -670,10 +629,8 @@ def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
     angles = np.degrees(np.arctan2(outside[:, 1] - centre[1], outside[:, 0] - centre[0]))
     # Marker (3, 0, a): a triangle pointing up, turned by a degrees; one collection with a
     # triangle per point (what scatter draws for one marker), not a scatter per point.
-    paths = []
-    for angle in angles:
-        marker = MarkerStyle((3, 0, float(angle) - 90))
-        paths.append(marker.get_path().transformed(marker.get_transform()))
+    markers = [MarkerStyle((3, 0, float(angle) - 90)) for angle in angles]
+    paths = [marker.get_path().transformed(marker.get_transform()) for marker in markers]
     triangles = PathCollection(paths, sizes=[40], facecolors=list(np.asarray(colors,
                                dtype=object)[off]), edgecolors="k", linewidths=0.5,
                                offsets=edges, offset_transform=ax.transData, zorder=4)
@@ -716,8 +673,6 @@ class EndpointsFigure:
             # No ``c``: a scatter given ``c`` maps that array through its colour map at
             # every draw, over the face colours set() gives (every dot came out hollow).
             self.dots.append(ax.scatter([], [], s=10, lw=0.3, edgecolors="k", zorder=3))
-            ax.set_xlim(*xlim)  # the dots must not widen the frame they are drawn in
-            ax.set_ylim(*ylim)
         # What every mark means, once, below the panels.
         marks = [Line2D([], [], ls="", marker="o", ms=5, mfc=c, mec="k", mew=0.3, label=text)
                  for c, text in (("white", "final model in the flat basin"),
@@ -731,10 +686,9 @@ class EndpointsFigure:
         top = 0.5 + (0.2 if interval else 0.0)  # room for the interval's line of the titles
         self.fig.subplots_adjust(left=0.55 / w, right=1 - 0.1 / w, top=1 - top / h,
                                  bottom=1.05 / h, wspace=0.3, hspace=0.45)
-        self.fig.legend(handles=marks, loc="lower center", ncol=3, fontsize=8, facecolor="0.75",
-                        framealpha=1.0, bbox_to_anchor=(0.5, 0.0))
-        shared_colorbar(self.fig, self.axes, label="global loss")
-        self.edges: list = []  # the last set's triangles, removed by the next set
+        self.fig.legend(handles=marks, ncol=3, **BELOW)
+        landscape_colorbar(self.axes[0], colorbar_slot(self.fig), label="global loss")
+        self.edges: list = []  # the last set's triangles
         self.moving = [*self.dots, *(ax.title for ax in self.axes)]
 
     def set(self, rows: Sequence[Mapping]) -> Figure:
@@ -744,25 +698,21 @@ class EndpointsFigure:
         algorithms = sorted({r["algorithm"] for r in rows})
         if len(algorithms) != len(self.axes):
             raise ValueError(f"{len(algorithms)} methods for {len(self.axes)} panels")
-        for artist in self.edges:
-            artist.remove()
-        self.edges = []
-        for ax, dots, name in zip(self.axes, self.dots, algorithms, strict=True):
-            pts = [(r["x"], r["y"]) for r in rows if r["algorithm"] == name]
-            flat = [r["accuracy"] for r in rows if r["algorithm"] == name]
-            colors = ["white" if f else "red" for f in flat]
-            dots.set_offsets(np.asarray(pts, dtype=float).reshape(-1, 2))
-            dots.set_facecolor(colors)
-            before = set(ax.get_children())
-            off, distance = draw_off_frame(ax, pts, colors, self.xlim, self.ylim)
-            self.edges += [a for a in ax.get_children() if a not in before]
-            title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
-            if self.interval:
-                lo, hi = share_interval(int(sum(bool(f) for f in flat)), len(flat))
-                title += f" of {len(flat)} seeds\n(95% interval {lo:.0%}-{hi:.0%})"
-            if off:
-                title += f"\n{off} off the map (median |w| {distance:.1f})"
-            ax.set_title(title, fontsize=10)
+        with _redrawn(self.edges, self.axes):  # the last set's triangles removed
+            for ax, dots, name in zip(self.axes, self.dots, algorithms, strict=True):
+                pts = [(r["x"], r["y"]) for r in rows if r["algorithm"] == name]
+                flat = [r["accuracy"] for r in rows if r["algorithm"] == name]
+                colors = ["white" if f else "red" for f in flat]
+                dots.set_offsets(np.asarray(pts, dtype=float).reshape(-1, 2))
+                dots.set_facecolor(colors)
+                off, distance = draw_off_frame(ax, pts, colors, self.xlim, self.ylim)
+                title = f"{name}: {sum(flat) / max(len(flat), 1):.0%} flat"
+                if self.interval:
+                    lo, hi = share_interval(int(sum(bool(f) for f in flat)), len(flat))
+                    title += f" of {len(flat)} seeds\n(95% interval {lo:.0%}-{hi:.0%})"
+                if off:
+                    title += f"\n{off} off the map (median |w| {distance:.1f})"
+                ax.set_title(title, fontsize=10)
         self.moving = [*self.dots, *self.edges, *(ax.title for ax in self.axes)]
         return self.fig
 
@@ -796,9 +746,6 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
     err = 1.96 * (share["mean"] * (1 - share["mean"]) / share["count"]).pow(0.5)
     axes[0].bar(order, share["mean"], yerr=err, color="tab:green", alpha=0.8, capsize=3)
     axes[0].set_ylim(0, 1)
-    axes[0].set_ylabel("share ending flat")
-    axes[0].set_title("share of runs ending in the flat basin (bars: 95% interval of the share)",
-                      fontsize=10)
     # seaborn jitters the dots with numpy's global generator: seeded, the same rows give the
     # same picture every time (a stored notebook's figure changes only with its data)
     with seeded_numpy_global(0):
@@ -808,14 +755,15 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
                       size=3, alpha=0.6, jitter=0.25)
     axes[1].set_yscale("symlog", linthresh=1.0)  # runs that drift far out have huge losses
     plain_symlog_ticks(axes[1], linthresh=1.0)  # its own ticks: -1 and 0 alone, as 10^0
-    axes[1].set_ylabel("final loss (symlog)")
-    axes[1].set_title("final global loss, one dot per run (the valley's floor: about -0.93)",
-                      fontsize=10)
-    axes[2].set_ylabel("top Hessian eigenvalue")
-    axes[2].set_title("sharpness at the final model (below 0: the loss bends down every way "
-                      "there: a slope, not a minimum)",
-                      fontsize=10)
-    for ax in axes:
+    for ax, (ylabel, title) in zip(axes, [
+            ("share ending flat",
+             "share of runs ending in the flat basin (bars: 95% interval of the share)"),
+            ("final loss (symlog)",
+             "final global loss, one dot per run (the valley's floor: about -0.93)"),
+            ("top Hessian eigenvalue", "sharpness at the final model (below 0: the loss bends "
+             "down every way there: a slope, not a minimum)")], strict=True):
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", rotation=60)
         ax.set_xlabel("")
         ax.grid(alpha=0.3, axis="y")
@@ -838,14 +786,10 @@ def animate_paths(fn, paths: Mapping, federation=None, xlim=LIMITS[0], ylim=LIMI
     rounds = max(len(p) for p in paths.values()) - 1
     lines = {}
     for k, label in enumerate(paths):
-        style = line_style(k)
-        (lines[label],) = ax.plot([], [], lw=1.8, ms=5, label=label, color=style["color"],
-                                  linestyle=style["linestyle"], marker=style["marker"],
-                                  markevery=[-1])
+        (lines[label],) = ax.plot([], [], lw=1.8, ms=5, label=label, markevery=[-1],
+                                  **line_style(k))
     ax.legend(loc="upper right", fontsize=7)
     title = ax.set_title("")
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
 
     def frame(r: int):
         for label, points in paths.items():
