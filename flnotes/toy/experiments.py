@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import torch
@@ -252,10 +253,8 @@ def warm_up(algorithms: Sequence[str]) -> None:
     try:
         for name in todo:
             _WARMED.add(name)
-            try:
+            with suppress(Exception):  # see above
                 method_rows((name, [0], {"rounds": 1}))  # a race's own path, kept nowhere
-            except Exception:  # noqa: BLE001 - see above
-                pass
     finally:
         _RACING.release()
 
@@ -325,20 +324,15 @@ def _kept_or_run(algorithms, seeds, processes: int, stack: bool, progress: bool,
 def _kept_head(key) -> list[dict]:
     """The rows of the longest kept race whose seeds begin ``key``'s (same method, setting
     and stacking), fewer seeds than ``key`` asks for; [] if none."""
-    seeds = key[2] if key is not None else ()
-    heads = [rows for fewer, rows in _same_races(key)
-             if len(fewer) < len(seeds) and seeds[:len(fewer)] == fewer]
+    heads = [_RACES[k] for k in _same_races(key, _RACES)
+             if len(k[2]) < len(key[2]) and key[2][:len(k[2])] == k[2]]
     return max(heads, key=len, default=[])
 
 
-def _same_races(key) -> list[tuple[tuple, list[dict]]]:
-    """(seeds, rows) of every kept race of ``key``'s method, setting and stacking, oldest
-    first ([] for None)."""
-    if key is None:
-        return []
-    config, cls, _, stack = key
-    return [(seeds, rows) for (other, other_cls, seeds, other_stack), rows in _RACES.items()
-            if (other, other_cls, other_stack) == (config, cls, stack)]
+def _same_races(key, keys) -> list[tuple]:
+    """Those of ``keys`` (race keys, in their order) of ``key``'s method, setting and
+    stacking ([] for None)."""
+    return [] if key is None else [k for k in keys if (*k[:2], k[3]) == (*key[:2], key[3])]
 
 
 RACES_KEPT = 256  # methods' races kept by race() (a race of 100 seeds is ~30 KB of rows)
@@ -369,24 +363,17 @@ def _load_shipped() -> None:
 
 def _is_shipped(key) -> bool:
     """Whether ``key``'s rows are (the head of) a shipped race."""
-    return key is not None and any(
-        k[:2] == key[:2] and k[3] == key[3] and k[2][:len(key[2])] == key[2]
-        for k in _SHIPPED)
+    return any(k[2][:len(key[2])] == key[2] for k in _same_races(key, _SHIPPED))
 
 
 def _kept_rows(key) -> list[dict] | None:
     """The kept rows of ``key``'s race, or of its seeds at the head of a kept race of more
     seeds (same method, setting and stacking); None if neither is kept."""
-    if key is None:
-        return None
     if key in _RACES:
-        _RACES[key] = _RACES.pop(key)  # now the newest
-        return _RACES[key]
-    seeds = key[2]
-    for more, rows in reversed(_same_races(key)):
-        if len(more) > len(seeds) and more[:len(seeds)] == seeds:
-            return rows[:len(seeds)]  # rows are in seed order
-    return None
+        _RACES[key] = _RACES.pop(key)  # now the newest, found first below
+    n = len(key[2]) if key is not None else 0
+    return next((_RACES[k][:n] for k in reversed(_same_races(key, _RACES))  # rows in seed order
+                 if k[2][:n] == key[2]), None)
 
 
 def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
@@ -463,13 +450,10 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
         work = final_metrics
         jobs = [toy_config(a, seed=int(s), **overrides).to_dict()
                 for a in algorithms for s in seeds]
-    bar = tqdm(total=len(jobs), desc=f"race: {len(algorithms)} methods x {len(seeds)} seeds",
+    bar = tqdm(jobs, desc=f"race: {len(algorithms)} methods x {len(seeds)} seeds",
                unit="method" if stack else "run", disable=not progress)
     if processes <= 1:
-        results = []
-        for job in jobs:
-            results.append(work(job))
-            bar.update()
+        results = [work(job) for job in bar]
     else:
         # fork (where there is one) skips re-importing torch in every worker, which costs
         # more than a small race; each worker then runs single-threaded (tiny tensors gain

@@ -44,10 +44,7 @@ BELOW = {"loc": "lower center", "bbox_to_anchor": (0.5, 0.0), "facecolor": "0.75
 
 def _axes(ax, figsize=(5.0, 4.4)):
     """(figure, axes): the given axes' figure, or a new single-axes figure."""
-    if ax is not None:
-        return ax.figure, ax
-    fig, ax = plt.subplots(figsize=figsize)
-    return fig, ax
+    return (ax.figure, ax) if ax is not None else plt.subplots(figsize=figsize)
 
 
 def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, levels: int = 25,
@@ -156,8 +153,7 @@ def plot_surface(fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 81,
     ax = fig.add_subplot(projection="3d")
     ax.plot_surface(gx.numpy(), gy.numpy(), z.numpy(), cmap="viridis", linewidth=0,
                     antialiased=True)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
+    ax.set(xlabel="x", ylabel="y")
     ax.set_zlabel("loss", labelpad=12)  # the default pad puts it on the z tick labels
     ax.view_init(elev=35, azim=-60)
     if title:
@@ -180,8 +176,7 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
         # each line its own style and marker, not only its colour (line_style)
         ax.plot(coord.numpy(), losses.numpy(), label=label, ms=4,
                 markevery=max(1, len(coord) // 10), **line_style(index))
-    ax.set_xlabel("xy"[axis] + f"  (slice from {tuple(start)} to {tuple(end)})")
-    ax.set_ylabel("loss")
+    ax.set(xlabel="xy"[axis] + f"  (slice from {tuple(start)} to {tuple(end)})", ylabel="loss")
     ax.grid(alpha=0.3)
     ax.legend()
     if title:
@@ -596,12 +591,8 @@ def plot_mutants(fn, center, update, panels: Mapping[str, object],
                  clouds: Mapping[str, object] | None = None, half_width: float = 1.0,
                  arrow_scale: float = 1.0,
                  regions: Mapping[str, Mapping[str, object]] | None = None) -> Figure:
-    """Mutation regions: per panel the global model, its update g and the mutants around it.
-
-    ``panels`` maps a title to the mutants (K, 2) a strategy sends; ``clouds`` (optional)
-    maps the same titles to many more draws of the same mutation, which fill in its region;
-    ``regions`` (optional) maps them to the shaded regions ({"circle" | "fan": polygon}).
-    """
+    """Mutation regions: per panel the global model, its update g and the mutants around it
+    (``panels``, ``clouds`` and ``regions`` as :meth:`MutantsFigure.set` takes them)."""
     return MutantsFigure(fn, center, len(panels), half_width).set(
         update, panels, clouds, arrow_scale, regions)
 
@@ -615,18 +606,16 @@ def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
     """
 
     pts = np.asarray(points, dtype=float).reshape(-1, 2)
-    off = ((pts[:, 0] < xlim[0]) | (pts[:, 0] > xlim[1])
-           | (pts[:, 1] < ylim[0]) | (pts[:, 1] > ylim[1]))
+    lo, hi = np.array((xlim, ylim), dtype=float).T  # the frame's corners (x, y)
+    off = ((pts < lo) | (pts > hi)).any(axis=1)
     if not off.any():
         return 0, float("nan")
 
-    # Inset a little, so a triangle on the edge is drawn whole.
-    pad_x, pad_y = 0.04 * (xlim[1] - xlim[0]), 0.04 * (ylim[1] - ylim[0])
     outside = pts[off]
-    edges = np.stack([np.clip(outside[:, 0], xlim[0] + pad_x, xlim[1] - pad_x),
-                      np.clip(outside[:, 1], ylim[0] + pad_y, ylim[1] - pad_y)], axis=1)
-    centre = np.array([sum(xlim) / 2, sum(ylim) / 2])
-    angles = np.degrees(np.arctan2(outside[:, 1] - centre[1], outside[:, 0] - centre[0]))
+    pad = 0.04 * (hi - lo)  # inset a little, so a triangle on the edge is drawn whole
+    edges = np.clip(outside, lo + pad, hi - pad)
+    towards = outside - (lo + hi) / 2  # from the frame's centre
+    angles = np.degrees(np.arctan2(towards[:, 1], towards[:, 0]))
     # Marker (3, 0, a): a triangle pointing up, turned by a degrees; one collection with a
     # triangle per point (what scatter draws for one marker), not a scatter per point.
     markers = [MarkerStyle((3, 0, float(angle) - 90)) for angle in angles]
@@ -679,8 +668,7 @@ class EndpointsFigure:
                                  ("red", "final model elsewhere"))]
         marks.append(Line2D([], [], ls="", marker=(3, 0, 0), ms=7, mfc="0.5", mec="k", mew=0.5,
                             label="beyond the map, pointing the way it went"))
-        first = self.axes[0]
-        marks += [h for h, t in zip(*first.get_legend_handles_labels(), strict=True) if t]
+        marks += self.axes[0].get_legend_handles_labels()[0]
         # Fixed margins in inches: two-line titles above each panel, the legend below them.
         w, h = self.fig.get_figwidth(), self.fig.get_figheight()
         top = 0.5 + (0.2 if interval else 0.0)  # room for the interval's line of the titles
@@ -749,10 +737,9 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
     # seaborn jitters the dots with numpy's global generator: seeded, the same rows give the
     # same picture every time (a stored notebook's figure changes only with its data)
     with seeded_numpy_global(0):
-        sns.stripplot(data=frame, x="algorithm", y="loss", order=order, ax=axes[1], size=3,
-                      alpha=0.6, jitter=0.25)
-        sns.stripplot(data=frame, x="algorithm", y="sharpness", order=order, ax=axes[2],
-                      size=3, alpha=0.6, jitter=0.25)
+        for ax, metric in zip(axes[1:], ("loss", "sharpness"), strict=True):
+            sns.stripplot(data=frame, x="algorithm", y=metric, order=order, ax=ax, size=3,
+                          alpha=0.6, jitter=0.25)
     axes[1].set_yscale("symlog", linthresh=1.0)  # runs that drift far out have huge losses
     plain_symlog_ticks(axes[1], linthresh=1.0)  # its own ticks: -1 and 0 alone, as 10^0
     for ax, (ylabel, title) in zip(axes, [
@@ -762,14 +749,12 @@ def plot_race(rows: Sequence[Mapping]) -> Figure:
              "final global loss, one dot per run (the valley's floor: about -0.93)"),
             ("top Hessian eigenvalue", "sharpness at the final model (below 0: the loss bends "
              "down every way there: a slope, not a minimum)")], strict=True):
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="", ylabel=ylabel)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", rotation=60)
-        ax.set_xlabel("")
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return fig
-
 
 
 def animate_paths(fn, paths: Mapping, federation=None, xlim=LIMITS[0], ylim=LIMITS[1],
@@ -784,10 +769,8 @@ def animate_paths(fn, paths: Mapping, federation=None, xlim=LIMITS[0], ylim=LIMI
     if federation is not None:
         mark_basins(ax, federation)
     rounds = max(len(p) for p in paths.values()) - 1
-    lines = {}
-    for k, label in enumerate(paths):
-        (lines[label],) = ax.plot([], [], lw=1.8, ms=5, label=label, markevery=[-1],
-                                  **line_style(k))
+    lines = {label: ax.plot([], [], lw=1.8, ms=5, label=label, markevery=[-1],
+                            **line_style(k))[0] for k, label in enumerate(paths)}
     ax.legend(loc="upper right", fontsize=7)
     title = ax.set_title("")
 
