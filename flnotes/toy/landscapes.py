@@ -162,18 +162,13 @@ def fedmut_fig1(num_clients: int = 2, shift: float = 1.0, flat_center=(0.0, 1.2)
     ``shift`` exceeds a couple of sharp widths. ``depth_spread`` makes the clients' sharp
     wells unequally deep (client 0 deepest), so the mean landscape prefers one of them.
     """
-    offsets = client_offsets(num_clients, shift)
     clients = []
-    for k in range(num_clients):
-        ox, oy = offsets[k].tolist()
+    for k, (ox, oy) in enumerate(client_offsets(num_clients, shift).tolist()):
         scale = 1.0 + depth_spread * (1.0 - 2.0 * k / max(num_clients - 1, 1))
-        sx, sy = sharp_center[0] + ox, sharp_center[1] + oy
-        wells = [
-            Well((flat_center[0] + flat_spread * ox, flat_center[1] + flat_spread * oy),
-                 flat_depth, flat_width, "flat"),
-            Well((sx, sy), sharp_depth * scale, sharp_width, "sharp"),
-            Well((sx, sy), shoulder_depth * scale, shoulder_width, "sharp"),
-        ]
+        wells = flat_and_sharp(
+            (flat_center[0] + flat_spread * ox, flat_center[1] + flat_spread * oy),
+            (sharp_center[0] + ox, sharp_center[1] + oy), flat_depth, flat_width,
+            sharp_depth * scale, sharp_width, shoulder_depth * scale, shoulder_width).wells
         clients.append(Landscape(wells, bowl, name=f"client {k}"))
     return Federation(clients, flat_radius=1.5 * flat_width, sharp_radius=2.5 * sharp_width,
                       name="fedmut-fig1")

@@ -374,10 +374,9 @@ class TrajectoryArtists:
 
     def __init__(self, ax, clients: bool = True, label: str = "global model") -> None:
         self.path, = ax.plot([], [], label=label, zorder=4, **GLOBAL_STYLE)
-        self.start, = ax.plot([], [], "o", color="red", ms=9, mec="white", zorder=5,
-                              label="start")
-        self.final, = ax.plot([], [], "o", color="tab:blue", ms=9, mec="white", zorder=5,
-                              label="final global")
+        self.start, self.final = (
+            ax.plot([], [], "o", color=color, ms=9, mec="white", zorder=5, label=text)[0]
+            for color, text in (("red", "start"), ("tab:blue", "final global")))
         self.artists = [self.path, self.start, self.final]
         self.clients = clients
         if clients:
@@ -419,40 +418,34 @@ class TrajectoryFigure:
         self.fig, axes = new_figure(1, panels, (4.2 * panels + 0.95, 4.2), pyplot)
         self.axes = list(axes[0])
         self.xlim, self.ylim = xlim, ylim
-        self.landscape: list = []  # what set_landscape drew
-        self.cax, self.colorbar = None, None
-        self._draw_landscape(fn, federation)
-        self.tracks = [TrajectoryArtists(ax, clients=clients) for ax in self.axes]
         # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
         self.fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
         if legend:
-            entries = legend_entries(self.axes)  # each entry once, for all panels
-            self.fig.legend(entries.values(), entries.keys(), ncol=min(len(entries), 4), **BELOW)
             self.fig.subplots_adjust(bottom=0.24)
         self.cax = colorbar_slot(self.fig)
-        self._draw_colorbar()
+        self.landscape: list = []  # what set_landscape drew
+        self.colorbar = None
+        self.set_landscape(fn, federation)
+        self.tracks = [TrajectoryArtists(ax, clients=clients) for ax in self.axes]
+        if legend:
+            entries = legend_entries(self.axes)  # each entry once, for all panels
+            self.fig.legend(entries.values(), entries.keys(), ncol=min(len(entries), 4), **BELOW)
         self.moving = [a for track in self.tracks for a in track.artists]
         self.moving += [ax.title for ax in self.axes]
 
-    def _draw_landscape(self, fn, federation) -> None:
+    def set_landscape(self, fn, federation=None) -> Figure:
+        """Draw the loss ``fn`` (and ``federation``'s basins) in place of the last one."""
         with _redrawn(self.landscape, self.axes):  # the last landscape's removed
             values = grid(fn, self.xlim, self.ylim, 121)  # one landscape for every panel
             for ax in self.axes:
                 draw_landscape(ax, fn, self.xlim, self.ylim, values=values)
                 if federation is not None:
                     mark_basins(ax, federation)
-
-    def _draw_colorbar(self) -> None:
         # the same bar at the new levels: its ticks are kept, not made anew
         self.colorbar = landscape_colorbar(self.axes[0], self.cax, bar=self.colorbar)
         # The frames go over the contours, as in a full draw.
         spines = [spine for ax in self.axes for spine in ax.spines.values()]
         self.layered = [*self.landscape, *spines, self.cax]
-
-    def set_landscape(self, fn, federation=None) -> Figure:
-        """Draw the loss ``fn`` (and ``federation``'s basins) in place of the last one."""
-        self._draw_landscape(fn, federation)
-        self._draw_colorbar()
         return self.fig
 
     def set(self, runs: Mapping[str, Mapping], rounds: int | None = None) -> Figure:
@@ -517,7 +510,6 @@ class MutantsFigure:
         self.cax = colorbar_slot(self.fig)
         self.colorbar = None
         self.landscape: list = []  # what set_window drew
-        self.half_width = self.landscape_width = None
         self.set_window(half_width)
         # The dot does not move, but it is drawn over what does (zorder 4).
         self.moving = [a for part in self.parts
@@ -713,9 +705,8 @@ def plot_endpoints(fn, rows: Sequence[Mapping], federation=None, xlim=LIMITS[0],
     A legend below the panels says so, and a colour bar gives the loss. ``interval`` adds
     each share's 95% interval over the seeds (Wilson's) to its panel's title.
     """
-    panels = len({r["algorithm"] for r in rows})
-    return EndpointsFigure(fn, panels, federation, xlim, ylim, columns,
-                           interval).set(rows)
+    return EndpointsFigure(fn, len({r["algorithm"] for r in rows}), federation, xlim, ylim,
+                           columns, interval).set(rows)
 
 
 def plot_race(rows: Sequence[Mapping]) -> Figure:
