@@ -175,3 +175,19 @@ def test_newton_refuses_a_point_that_is_not_a_minimum():
     minima = L.newton_minima(land, torch.tensor([[-1.2, 0.1]], dtype=torch.float64))
     descended = L.descend(land, torch.tensor([[-1.2, 0.1]]), steps=3000, lr=0.05)
     assert torch.allclose(minima, descended, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_clients", [1, 2, 5])
+def test_fedmut_fig2_builds_for_any_number_of_clients(num_clients):
+    fed = L.make_federation("fedmut-fig2", num_clients=num_clients, shift=0.3)
+    base = L.flat_and_sharp()
+    points = torch.tensor([[-1.5, 0.1], [1.5, -0.2], [0.0, 0.7]], dtype=torch.float64)
+    dys = L.client_offsets(num_clients, 0.3)[:, 0].tolist()
+    for client, dy in zip(fed.clients, dys, strict=True):
+        # each client's wells moved by dy along y, over the base's own bowl
+        assert [w.center for w in client.wells] == [
+            (w.center[0], w.center[1] + dy) for w in base.wells]
+        assert (client.bowl, client.bowl_center) == (base.bowl, base.bowl_center)
+    # the global loss is the clients' mean
+    mean = torch.stack([client(points) for client in fed.clients]).mean(0)
+    assert torch.allclose(fed.global_landscape(points), mean, atol=1e-12)

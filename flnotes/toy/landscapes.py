@@ -224,10 +224,15 @@ def newton_minima(fn: LossFn, points, steps: int = 50, tol: float = 1e-14) -> to
 
 
 def fedmut_fig2(num_clients: int = 2, shift: float = 0.3, **kwargs) -> Federation:
-    """Flat left, sharp right (FedMut Fig. 2), every client shifted a little along y."""
+    """Flat left, sharp right (FedMut Fig. 2), every client's wells shifted a little along y.
+
+    The bowl stays where it is for every client (a global loss is a mean over one bowl, as in
+    :func:`fedmut_fig1`): moving it with the wells made two or more clients unbuildable.
+    """
     base = flat_and_sharp(**kwargs)
     offsets = client_offsets(num_clients, shift)
-    clients = [base.shifted((0.0, float(offsets[k, 0]))) for k in range(num_clients)]
+    clients = [Landscape(base.shifted((0.0, float(offsets[k, 0]))).wells, base.bowl,
+                         base.bowl_center, name=f"client {k}") for k in range(num_clients)]
     return Federation(clients, flat_radius=1.5 * kwargs.get("flat_width", 0.9),
                       sharp_radius=2.5 * kwargs.get("sharp_width", 0.2), name="fedmut-fig2")
 
