@@ -48,44 +48,25 @@ from tqdm.auto import tqdm
 
 from flnotes.algorithms import algorithm_class, build_strategy
 
-# The run folder and stop handling live in their own modules; their names stay importable
-# from here (flnotes.engine.sim.settings_hash, ...), as before the split. The round loop
-# calls the folder's functions through the module, where tests replace them.
-from flnotes.engine import run_folder  # noqa: E402
+# The run folder and stop handling live in their own modules; the names used outside stay
+# importable from here (flnotes.engine.sim.settings_hash, ...), as before the split. The round
+# loop calls the folder's functions through the module, where tests replace them.
+from flnotes.engine import run_folder
 from flnotes.engine.backends import train_clients
-from flnotes.engine.client_state import (
-    bind_stores,
-    deferred_signals,
-)
+from flnotes.engine.client_state import bind_stores, deferred_signals
 from flnotes.engine.client_workers import ClientWorkers, default_workers, why_not
 from flnotes.engine.history import History, code_version, environment_info
-from flnotes.engine.run_folder import (  # noqa: E402,F401
+from flnotes.engine.run_folder import (  # noqa: F401
     RESUMABLE_CHANGES,
     RunFolderError,
-    _append_row,
-    _atomic_save,
-    _check_folder,
-    _differences,
-    _field_defaults,
-    _load_checkpoint,
-    _os_reason,
-    _read_json,
-    _read_meta,
-    _save_checkpoint,
-    _start_folder,
-    _starts,
-    _write_meta,
-    _writing,
     lock_folder,
-    result_settings,
     settings_hash,
 )
 from flnotes.engine.state import clone_state, state_is_finite
-from flnotes.engine.stops import (  # noqa: E402,F401
+from flnotes.engine.stops import (  # noqa: F401
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     Terminated,
-    _last_logged_round,
     check_stop,
     exit_code,
     interruption_report,
@@ -144,8 +125,7 @@ class Simulation:
         self.config = config = config.resolved()
         config.check_device()  # before loading data: "no GPU here", not a CUDA traceback
         self.task = task if task is not None else build_task(config)
-        device = resolve_device(config.device)
-        environment = environment_info(device)
+        environment = environment_info(resolve_device(config.device))
         if getattr(self.task, "data_source", ""):
             environment["data_source"] = self.task.data_source
         self.history = History(config=config.to_dict(), environment=environment,
@@ -163,9 +143,14 @@ class Simulation:
         self.error: str | None = None  # a failed run's error, one line
         if self.run_dir is not None:
             self._lock = run_folder.lock_folder(self.run_dir)
+            self.checkpoint_round = None  # not known (nor run.json right) until the folder is read
             try:
+                # Checks and reads first (a Ctrl-C there leaves the folder as it was), then the
+                # writes, Ctrl-C held until run.json is right (an interrupt then marks it so).
                 with run_folder._writing(self.run_dir):
-                    self._open_folder()
+                    saved = run_folder._check_folder(self.run_dir, config, self.strategy)
+                    with deferred_signals():
+                        self._start_folder(saved)
             except BaseException as stop:
                 if isinstance(stop, KeyboardInterrupt) and self.checkpoint_round is not None \
                         and not self.finished:
@@ -182,14 +167,6 @@ class Simulation:
             if not self.finished:
                 self.fail(err)
             raise
-
-    def _open_folder(self) -> None:
-        self.checkpoint_round = None  # not known (nor run.json right) until the folder is read
-        # Checks and reads first (a Ctrl-C there leaves the folder as it was), then the writes
-        # with Ctrl-C held until run.json is right, so that an interrupt marks it interrupted.
-        saved = run_folder._check_folder(self.run_dir, self.config, self.strategy)
-        with deferred_signals():
-            self._start_folder(saved)
 
     def _start_folder(self, saved: dict | None) -> None:
         config, history, run_dir = self.config, self.history, self.run_dir
@@ -257,34 +234,31 @@ class Simulation:
     def end_round(self, rnd: int, clients, starts, results, seconds: float) -> dict:
         """Aggregate, evaluate, record and checkpoint; returns the round's metrics row."""
         with run_folder._writing(self.run_dir):  # aggregate writes client states too
-            return self._end_round(rnd, clients, starts, results, seconds)
-
-    def _end_round(self, rnd: int, clients, starts, results, seconds: float) -> dict:
-        config, history, strategy = self.config, self.history, self.strategy
-        tic = time.perf_counter()
-        new_global = strategy.aggregate(rnd, results)
-        samples = sum(r.num_samples for r in results)
-        train_loss = sum(r.train_loss * r.num_samples for r in results) / samples
-        row = {"round": rnd, "train_loss": train_loss, **_mean_extras(results)}
-        if not math.isfinite(train_loss) or not state_is_finite(new_global):
-            history.status = "diverged"
-        elif rnd % config.eval_every == 0 or rnd == config.rounds:
-            self.model.load_state_dict(new_global)
-            row.update(self.task.evaluate(self.model, config.eval_batch_size))
-            row.update(strategy.round_metrics(self.task))
-        row["seconds"] = seconds + time.perf_counter() - tic
-        history.rows.append(row)
-        if config.record_states:
-            history.trajectory.append({
-                "round": rnd, "clients": clients,
-                "dispatched": [clone_state(s) for s in starts],
-                "local": [r.state for r in results], "global": clone_state(new_global)})
-        if self.run_dir is not None:
-            run_folder._append_row(self.run_dir, row)
-            if history.status != "diverged" and rnd % config.checkpoint_every == 0:
-                run_folder._save_checkpoint(self.run_dir, rnd, strategy, history, config)
-                self.checkpoint_round = rnd
-        return row
+            config, history, strategy = self.config, self.history, self.strategy
+            tic = time.perf_counter()
+            new_global = strategy.aggregate(rnd, results)
+            samples = sum(r.num_samples for r in results)
+            train_loss = sum(r.train_loss * r.num_samples for r in results) / samples
+            row = {"round": rnd, "train_loss": train_loss, **_mean_extras(results)}
+            if not math.isfinite(train_loss) or not state_is_finite(new_global):
+                history.status = "diverged"
+            elif rnd % config.eval_every == 0 or rnd == config.rounds:
+                self.model.load_state_dict(new_global)
+                row.update(self.task.evaluate(self.model, config.eval_batch_size))
+                row.update(strategy.round_metrics(self.task))
+            row["seconds"] = seconds + time.perf_counter() - tic
+            history.rows.append(row)
+            if config.record_states:
+                history.trajectory.append({
+                    "round": rnd, "clients": clients,
+                    "dispatched": [clone_state(s) for s in starts],
+                    "local": [r.state for r in results], "global": clone_state(new_global)})
+            if self.run_dir is not None:
+                run_folder._append_row(self.run_dir, row)
+                if history.status != "diverged" and rnd % config.checkpoint_every == 0:
+                    run_folder._save_checkpoint(self.run_dir, rnd, strategy, history, config)
+                    self.checkpoint_round = rnd
+            return row
 
     def interrupt(self) -> None:
         """Record that the run was stopped (Ctrl-C, SIGTERM): status "interrupted" in run.json
@@ -449,10 +423,8 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
             check_stop()  # a caller's stop (stops.stop_when), between rounds as Ctrl-C
             tic = time.perf_counter()
             clients, starts = sim.begin_round(rnd)
-            if pool is not None:
-                results = pool.train(sim.strategy, rnd, clients, starts, config)
-            else:
-                results = train_clients(sim.task, sim.strategy, rnd, clients, starts, config)
+            results = (pool.train(sim.strategy, rnd, clients, starts, config) if pool is not None
+                       else train_clients(sim.task, sim.strategy, rnd, clients, starts, config))
             row = sim.end_round(rnd, clients, starts, results, time.perf_counter() - tic)
             if "accuracy" in row:
                 bar.set_postfix(acc=f"{row['accuracy']:.3f}",
@@ -477,6 +449,3 @@ def _mean_extras(results) -> dict[str, float]:
         total = sum(r.num_samples for r in having)
         out[name] = sum(float(r.extra[name]) * r.num_samples for r in having) / total
     return out
-
-
-# ---- run folder --------------------------------------------------------------------
