@@ -72,11 +72,6 @@ def disk_full(file, then: str) -> DiskFullError:
                          f"free some space, then {then}")
 
 
-def _resumes(run_dir: Path) -> str:
-    return (f"`python -m flnotes run --resume {run_dir}` (or the same command again) "
-            "continues the run from its last checkpoint")
-
-
 def _written_file(err: OSError, run_dir: Path) -> str:
     """The file a failed write was writing: the error's own file name, else (a file object's
     write says none) the path that write_atomically was given, from the traceback, as it
@@ -96,7 +91,9 @@ def _write_error(err: BaseException, run_dir: Path) -> RunFolderError | None:
     if cause is None:
         return None
     if cause.errno in NO_SPACE:
-        return disk_full(_written_file(cause, run_dir), _resumes(run_dir))
+        return disk_full(_written_file(cause, run_dir),
+                         f"`python -m flnotes run --resume {run_dir}` (or the same command "
+                         "again) continues the run from its last checkpoint")
     return RunFolderError(f"cannot write to run folder {run_dir}: {_os_reason(cause)}")
 
 
@@ -198,14 +195,11 @@ def _writing(run_dir: Path | None):
     """An OSError while the block writes the run folder (a folder made read-only, deleted)
     is the one line "cannot write to run folder R: why"; a full disk (torch.save's
     RuntimeError too) says so, with the file and how the folder resumes."""
-    if run_dir is None:
-        yield
-        return
     try:
         yield
     except (OSError, RuntimeError) as err:
-        mapped = _write_error(err, run_dir)
-        if mapped is None:  # a RuntimeError of the training itself: not a write
+        mapped = None if run_dir is None else _write_error(err, run_dir)
+        if mapped is None:  # no folder, or a RuntimeError of the training itself: not a write
             raise
         raise mapped from None
 
@@ -223,19 +217,13 @@ def _differences(stored: dict, wanted: dict, defaults: dict) -> list[str]:
     folder written before settings belonged to methods also holds every other method's, which
     this run never reads). A field the folder lacks counts as its default.
     """
-    out = []
-    for k in sorted(wanted):
-        if k in RESUMABLE_CHANGES:
-            continue
-        a, b = stored.get(k, defaults.get(k)), wanted.get(k, defaults.get(k))
-        if a != b:
-            out.append(f"{k}: {a!r} != {b!r}")
-    return out
+    pairs = ((k, stored.get(k, defaults.get(k)), wanted.get(k, defaults.get(k)))
+             for k in sorted(wanted) if k not in RESUMABLE_CHANGES)
+    return [f"{k}: {a!r} != {b!r}" for k, a, b in pairs if a != b]
 
 
 def _field_defaults(config) -> dict:
     """Each field's default for this config's method: common fields and its settings."""
-
     values = {f.name: f.default for f in dataclasses.fields(config)
               if f.default is not dataclasses.MISSING}
     values.update((n, s.default) for n, s in settings_of(config.algorithm).items())
@@ -314,24 +302,21 @@ def _check_folder(run_dir: Path, config, strategy) -> dict | None:
 
 def _start_folder(run_dir: Path, config, history: History, saved: dict | None) -> int:
     """Start the checked folder (config.json, metrics, run.json) or resume its checkpoint
-    ``saved``; returns the next round."""
+    ``saved``; returns the next round. Called inside :func:`_writing`, which names a failed
+    write."""
     config_file = run_dir / "config.json"
     finished = saved is not None and (saved["status"] == "diverged" or (
         saved["status"] == "completed" and int(saved["round"]) >= config.rounds))
-    try:
-        if not (finished and config_file.exists()):  # a finished run's config stays its own
-            _write_text(config_file, config.to_json())
-        if saved is None:
-            _write_text(run_dir / "metrics.jsonl", "")
-            _write_meta(run_dir, history, 0)
-            return 1
-        history.rows = list(saved["rows"])
-        history.status = saved["status"]
-        # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
-        _write_text(run_dir / "metrics.jsonl",
-                    "".join(json.dumps(r) + "\n" for r in history.rows))
-    except OSError as err:
-        raise _write_error(err, run_dir) from None
+    if not (finished and config_file.exists()):  # a finished run's config stays its own
+        _write_text(config_file, config.to_json())
+    if saved is None:
+        _write_text(run_dir / "metrics.jsonl", "")
+        _write_meta(run_dir, history, 0)
+        return 1
+    history.rows = list(saved["rows"])
+    history.status = saved["status"]
+    # Rewrite metrics to match the checkpoint (rounds after it are recomputed).
+    _write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history.rows))
     return int(saved["round"]) + 1
 
 
@@ -373,15 +358,11 @@ def _write_meta(run_dir: Path, history: History, checkpoint_round: int,
     meta["checkpoint_round"] = checkpoint_round
     if error is not None:  # a failed run: why, in one line
         meta["error"] = error
-    _write_json(run_dir / "run.json", meta)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    """Write to a temporary file and rename: a Ctrl-C mid-write must not leave half a file."""
-    _write_text(path, json.dumps(obj, indent=2))
+    _write_text(run_dir / "run.json", json.dumps(meta, indent=2))
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Written whole or not at all (a Ctrl-C mid-write leaves no half file): as _atomic_save."""
     data = text.encode()
     with _naming(path):
         write_atomically(path, lambda f: f.write(data))
@@ -395,9 +376,7 @@ def _naming(path: Path):
         yield
     except (OSError, RuntimeError) as err:
         cause = write_failure(err)
-        if cause is None:
-            raise
-        if cause is err and err.filename:
+        if cause is None or (cause is err and err.filename):
             raise
         raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from None
 
