@@ -32,9 +32,7 @@ from pathlib import Path
 from flnotes.engine.history import read_metrics, read_run_json
 from flnotes.messages import did_you_mean
 
-LOGGERS = ("tensorboard", "mlflow")
-# The module each logger imports, and the extra that installs it.
-_MODULES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+LOGGERS = ("tensorboard", "mlflow")  # each the package it needs, and the extra installing it
 EXPERIMENT = "flnotes"
 RUN_DIR_TAG = "flnotes.run_dir"
 
@@ -65,32 +63,21 @@ def parse_loggers(values: Iterable[str] | None) -> list[str]:
 def check_installed(names: Iterable[str]) -> None:
     """TrackingError naming the pip command for the first logger whose package is missing."""
     for name in names:
-        if importlib.util.find_spec(_MODULES[name]) is None:
-            raise TrackingError(f"--logger {name} needs the {_MODULES[name]} package: "
+        if importlib.util.find_spec(name) is None:
+            raise TrackingError(f"--logger {name} needs the {name} package: "
                                 f"pip install 'flnotes[{name}]'")
 
 
 def scalars(row: dict) -> dict[str, float]:
     """The numbers of a metrics row but its round (bools as 0/1; text and lists left out)."""
-    out = {}
-    for key, value in row.items():
-        if key == "round" or not isinstance(value, (int, float)):
-            continue
-        out[key] = float(value)
-    return out
+    return {k: float(v) for k, v in row.items() if k != "round" and isinstance(v, (int, float))}
 
 
 def _flat_settings(settings: dict) -> dict[str, object]:
     """Settings as numbers, bools and text (a dict or list as its JSON); None left out."""
-    out: dict[str, object] = {}
-    for key, value in settings.items():
-        if value is None:
-            continue
-        if isinstance(value, (bool, int, float, str)):
-            out[key] = value
-        else:
-            out[key] = json.dumps(value, sort_keys=True, default=str)
-    return out
+    return {k: v if isinstance(v, (bool, int, float, str))
+            else json.dumps(v, sort_keys=True, default=str)
+            for k, v in settings.items() if v is not None}
 
 
 class TensorBoardLogger:
@@ -265,13 +252,11 @@ class Tracker:
         base = Path(logger_dir) if logger_dir else run_dir
         # the run's name in a shared store (logger_dir): its folder's name unless told
         label = (label or run_dir.name) if logger_dir else ""
-        self.loggers: list = []
-        for name in names:
-            if name == "tensorboard":
-                self.loggers.append(TensorBoardLogger(base / "tensorboard" / label, settings))
-            else:
-                self.loggers.append(MLflowLogger(base / "mlruns", settings, str(run_dir),
-                                                 label or run_dir.name, known=mlflow_known))
+        self.loggers: list = [
+            TensorBoardLogger(base / "tensorboard" / label, settings) if name == "tensorboard"
+            else MLflowLogger(base / "mlruns", settings, str(run_dir), label or run_dir.name,
+                              known=mlflow_known)
+            for name in names]
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -308,13 +293,8 @@ class Tracker:
 
     def where(self) -> list[str]:
         """Where each logger writes, for the run's last line."""
-        out = []
-        for logger in self.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                out.append(f"tensorboard: {logger.log_dir}")
-            else:
-                out.append(f"mlflow: {logger.uri}")
-        return out
+        return [f"tensorboard: {logger.log_dir}" if isinstance(logger, TensorBoardLogger)
+                else f"mlflow: {logger.uri}" for logger in self.loggers]
 
 
 def _run_label(run_dir: Path, base: Path) -> str:
@@ -351,11 +331,9 @@ def logger_dir_problem(logger_dir: str | Path | None) -> str | None:
         return (f"--logger-dir {text!r:.80} is not a folder's name; name one, or leave the "
                 "flag out to log beside the runs")
     path = Path(text).expanduser().absolute()
-    for folder in (path, *path.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                return f"--logger-dir {text}: {folder} is a file, not a folder"
-            break
+    folder = next((f for f in (path, *path.parents) if f.exists()), None)
+    if folder is not None and not folder.is_dir():
+        return f"--logger-dir {text}: {folder} is a file, not a folder"
     return None
 
 
@@ -391,7 +369,6 @@ def log_finished_folder(names: Iterable[str], run_dir: str | Path, logger_dir: s
     returns the loggers that got them. ValueError for a damaged folder (one line).
     ``mlflow_known``: the run folders the MLflow store holds (:func:`mlflow_run_dirs`, read
     once for many folders instead of a search of the store per folder)."""
-
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir / "run.json")
     rows = read_metrics(run_dir / "metrics.jsonl")
