@@ -117,19 +117,18 @@ class Task:
         if self.client_test_indices is None:
             raise ValueError("this task has no per-client test data: set client_test_fraction")
         idx = self.client_test_indices[client]
-        if self.client_test_source == "test":
-            return self.test_x[idx], self.test_y[idx]
-        return self.train_x[idx], self.train_y[idx]
+        x, y = ((self.test_x, self.test_y) if self.client_test_source == "test"
+                else (self.train_x, self.train_y))
+        return x[idx], y[idx]
 
     def num_samples(self, client: int) -> int:
         """How many training samples a client holds."""
         return int(self.client_indices[client].numel())
 
     @torch.no_grad()
-    def evaluate_on(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
-        classes: tuple[int, int] | None = None,
-    ) -> dict[str, float]:
+    def evaluate_on(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    batch_size: int = 1000, classes: tuple[int, int] | None = None
+                    ) -> dict[str, float]:
         """Accuracy and mean loss of a model on (x, y), in eval mode.
 
         ``classes`` = (start, stop): rows of one task, judged on a shared model's logits
@@ -175,16 +174,15 @@ class Task:
         """A client's own model (FML's personal model, which outputs only its task's classes)
         on the client's held-out rows."""
         x, y = self.client_test_data(client)
-        if self.num_tasks == 1:
-            return self.evaluate_on(model, x, y, batch_size)
-        lo, _ = self.class_range(client)
-        return self.evaluate_on(model, x, y - lo, batch_size)
+        if self.num_tasks > 1:  # labels shifted to the client's own classes
+            y = y - self.class_range(client)[0]
+        return self.evaluate_on(model, x, y, batch_size)
 
 
 def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda when available, else cpu."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(device)
 
 
@@ -205,16 +203,12 @@ def build_task(config) -> Task:
     elif config.partition == "natural":
         parts = getattr(data, "client_indices", None)
         if parts is None:
-            raise ValueError(
-                f"partition='natural' needs a dataset with its own client split "
-                f"(LEAF); {config.dataset!r} has none: use iid, dirichlet or shards"
-            )
+            raise ValueError(f"partition='natural' needs a dataset with its own client split "
+                             f"(LEAF); {config.dataset!r} has none: use iid, dirichlet or shards")
         parts = list(parts)[: config.num_clients]
         if len(parts) < config.num_clients:
-            raise ValueError(
-                f"{config.dataset!r} has only {len(parts)} natural clients but "
-                f"num_clients={config.num_clients}"
-            )
+            raise ValueError(f"{config.dataset!r} has only {len(parts)} natural clients but "
+                             f"num_clients={config.num_clients}")
         natural_tests = getattr(data, "client_test_indices", None)
         if natural_tests:
             return _natural_task(config, data, parts, list(natural_tests)[: config.num_clients])
@@ -235,8 +229,7 @@ def _split(config, data) -> list[torch.Tensor]:
     parts = make_partition(
         data.train_y if pool is None else data.train_y[pool], config.num_clients,
         config.partition, seed=config.seed, dirichlet_alpha=config.dirichlet_alpha,
-        shards_per_client=config.shards_per_client, min_size=config.min_client_size,
-    )
+        shards_per_client=config.shards_per_client, min_size=config.min_client_size)
     return parts if pool is None else [pool[p] for p in parts]
 
 
@@ -261,7 +254,6 @@ def _manifest_or(config, data, make, check=None) -> list[torch.Tensor]:
 
 def load_task_data(config):
     """The run's dataset as tensors: a registered one, or a composition of them ("A+B")."""
-
     names = task_parts(config.dataset)
     if names is None:
         # through the package, so a test (or a user) may replace flnotes.data.load_dataset
@@ -284,10 +276,8 @@ def _natural_task(config, data, parts: list[torch.Tensor], tests: list[torch.Ten
 
 
 def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_source) -> Task:
-
     device = resolve_device(config.device)
     input_shape = tuple(data.train_x.shape[1:])
-
     adapt = algorithm_class(config.algorithm).adapt_model  # MOON: a projection head
 
     def model_factory() -> nn.Module:
@@ -295,24 +285,18 @@ def _make_task(config, data, train_parts, test_x, test_y, test_parts, test_sourc
 
     to = lambda t: t.to(device)  # noqa: E731 - data live on the training device
     return Task(
-        name=config.dataset,
-        model_factory=model_factory,
+        name=config.dataset, model_factory=model_factory,
         train_x=to(data.train_x), train_y=to(data.train_y),
-        client_indices=[to(p) for p in train_parts],
-        test_x=to(test_x), test_y=to(test_y),
+        client_indices=[to(p) for p in train_parts], test_x=to(test_x), test_y=to(test_y),
         num_classes=data.num_classes,
         client_test_indices=[to(p) for p in test_parts] if test_parts else None,
-        client_test_source=test_source,
-        data_source=getattr(data, "source", ""),
+        client_test_source=test_source, data_source=getattr(data, "source", ""),
         task_names=getattr(data, "task_names", ()),
-        task_classes=getattr(data, "task_classes", ()),
-        model_name=config.model,
-    )
+        task_classes=getattr(data, "task_classes", ()), model_name=config.model)
 
 
-def split_clients(
-    parts: list[torch.Tensor], test_fraction: float, seed: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+def split_clients(parts: list[torch.Tensor], test_fraction: float, seed: int
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Hold out a seeded random share of each client's rows as its personal test set."""
     if not test_fraction:
         return parts, None
