@@ -95,16 +95,11 @@ def deferred_signals() -> Iterator[None]:
         yield
         return
     received: list[int] = []
-
-    def hold(signum, frame):
-        received.append(signum)
-
     before = {}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(sig) is None:  # set outside Python: it could not be put back
-                continue
-            before[sig] = signal.signal(sig, hold)
+            if signal.getsignal(sig) is not None:  # None: set outside Python, not put back
+                before[sig] = signal.signal(sig, lambda signum, _: received.append(signum))
         yield
     finally:
         for sig, handler in before.items():
@@ -162,9 +157,8 @@ def store_directory(run_dir: str | os.PathLike | None, name: str) -> Path | None
 class ClientStateStore:
     """States of every client that has been sampled, on disk or in memory (see module doc)."""
 
-    def __init__(self, directory: str | os.PathLike | None,
-                 factory: Callable[[int], State], *,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike | None, factory: Callable[[int], State],
+                 *, device: torch.device | str | None = None) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.factory = factory
         self.device = device  # where loaded states go (a run may resume on another device)
@@ -194,11 +188,7 @@ class ClientStateStore:
         if self.on_disk:
             self._held = {c: self._held[c] if c in self._held else self._read(c)
                           for c in clients}
-        else:
-            for c in clients:
-                if c not in self._held:
-                    self._held[c] = self.factory(c)
-        return [self._held[c] for c in clients]
+        return [self.get(c) for c in clients]  # in memory: a new client's state is created
 
     def get(self, client: int) -> State:
         """A held client's state (hold it first; in memory mode it is created if new)."""
@@ -261,8 +251,7 @@ class ClientStateStore:
         """Return to the states a :meth:`state_dict` recorded."""
         self._held = {}
         if not self.on_disk:
-            states = values.get("states", {})
-            self._held = {int(c): dict(s) for c, s in states.items()}
+            self._held = {int(c): dict(s) for c, s in values.get("states", {}).items()}
             return
         if "versions" not in values:
             raise ValueError("this checkpoint was saved by an in-memory client state store; "
@@ -331,8 +320,7 @@ class ClientStateStore:
             if not _is_state(record.get("state")):
                 raise ClientStateError(f"{path} is damaged (no state in it); {_START_OVER}")
         elif digest is not None or not _is_state(record):
-            raise ClientStateError(f"{path} is damaged (not a client-state file); "
-                                   f"{_START_OVER}")
+            raise ClientStateError(f"{path} is damaged (not a client-state file); {_START_OVER}")
         if digest is not None:
             raise ClientStateError(f"{path} is damaged (its sha256 differs from the one the "
                                    f"checkpoint recorded); {_START_OVER}")
@@ -356,7 +344,6 @@ class ClientStateStore:
         wanted = {(c, r) for versions in keep for c, r in versions.items()}
         for path in self.directory.iterdir():
             match = _FILE.match(path.name)
-            if match and (int(match[1]), int(match[2])) in wanted:
-                continue
-            if match or path.name.endswith(".pt.tmp"):
+            kept = match and (int(match[1]), int(match[2])) in wanted
+            if not kept and (match or path.name.endswith(".pt.tmp")):
                 path.unlink(missing_ok=True)
