@@ -61,9 +61,7 @@ def write_failure(err: BaseException) -> OSError | None:
     if isinstance(err, OSError):
         return err
     behind = err.__cause__ or err.__context__
-    if isinstance(err, RuntimeError) and isinstance(behind, OSError):
-        return behind
-    return None
+    return behind if isinstance(err, RuntimeError) and isinstance(behind, OSError) else None
 
 
 def disk_full(file, then: str) -> DiskFullError:
@@ -100,8 +98,7 @@ def _write_error(err: BaseException, run_dir: Path) -> RunFolderError | None:
 def result_settings(config, *, seed: bool = True) -> dict:
     """The settings that make a run's results what they are: every resolved field but
     RESUMABLE_CHANGES (and, with ``seed=False``, the seed)."""
-    values = config.resolved().to_dict()
-    return {k: v for k, v in values.items()
+    return {k: v for k, v in config.resolved().to_dict().items()
             if k not in RESUMABLE_CHANGES and (seed or k != "seed")}
 
 
@@ -149,11 +146,9 @@ def lock_file(path: Path):
         held = hold_lock(open(path, "a+"))
         if isinstance(held, str):
             return held
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == os.fstat(held.fileno()).st_ino:
                 return held
-        except FileNotFoundError:
-            pass
         held.close()
     raise OSError(f"{path} keeps being removed while taken; another process is cleaning it")
 
@@ -253,10 +248,9 @@ def _load_checkpoint(checkpoint: Path, config) -> dict:
                            weights_only=True)
     except Exception as err:  # truncated, empty, garbage: torch raises many kinds
         reason = " ".join(str(err).split())
-        reason = reason if 0 < len(reason) <= 100 else ""
+        reason = f": {reason}" if 0 < len(reason) <= 100 else ""
         raise RunFolderError(f"{checkpoint} is damaged and cannot be read "
-                             f"({type(err).__name__}{': ' + reason if reason else ''}){fix}"
-                             ) from None
+                             f"({type(err).__name__}{reason}){fix}") from None
     missing = [k for k in ("round", "strategy", "rows", "status")
                if not isinstance(saved, dict) or k not in saved]
     if missing:
