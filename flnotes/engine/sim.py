@@ -85,8 +85,7 @@ def check_config(config, caller: str = "run") -> None:
     The engine does not import config (the layer above): a RunConfig is what has
     ``resolved``, ``replace`` and ``to_dict``.
     """
-    if not all(callable(getattr(config, name, None))
-               for name in ("resolved", "replace", "to_dict")):
+    if not all(callable(getattr(config, n, None)) for n in ("resolved", "replace", "to_dict")):
         hint = (": build one with RunConfig.from_dict(values)" if isinstance(config, dict)
                 else ": build one with RunConfig(...)")
         raise TypeError(f"{caller}() expects a RunConfig, got {type(config).__name__}{hint}")
@@ -138,8 +137,7 @@ class Simulation:
         self.finished = False  # a completed or diverged folder: nothing left to run
         self.checkpoint_round = 0  # round of the folder's last checkpoint (0: none yet)
         self._lock = None  # the open run.lock while this run holds its folder
-        # CPU threads of the start this run resumes, where they differ from this one's.
-        self.threads_changed: int | None = None
+        self.threads_changed: int | None = None  # the resumed start's CPU threads, if not ours
         self.error: str | None = None  # a failed run's error, one line
         if self.run_dir is not None:
             self._lock = run_folder.lock_folder(self.run_dir)
@@ -275,8 +273,7 @@ class Simulation:
 
     def _record_end(self) -> None:
         """run.json for a run that stops here (if the folder was read), then release it."""
-        if self.run_dir is not None and self._lock is not None \
-                and self.checkpoint_round is not None:
+        if self._lock is not None and self.checkpoint_round is not None:  # a folder held, read
             # Best effort: a full disk that stopped the run may refuse run.json too; the
             # checkpoint, not run.json, is what a resume starts from.
             with contextlib.suppress(OSError):
@@ -427,8 +424,7 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
                        else train_clients(sim.task, sim.strategy, rnd, clients, starts, config))
             row = sim.end_round(rnd, clients, starts, results, time.perf_counter() - tic)
             if "accuracy" in row:
-                bar.set_postfix(acc=f"{row['accuracy']:.3f}",
-                                s_per_round=f"{row['seconds']:.2f}")
+                bar.set_postfix(acc=f"{row['accuracy']:.3f}", s_per_round=f"{row['seconds']:.2f}")
             if on_round is not None:
                 on_round(row)
             if not sim.running:
