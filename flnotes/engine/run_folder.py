@@ -1,11 +1,8 @@
 """The run folder: what keeps its results its own, and every write into it.
 
-``config.json``, ``metrics.jsonl`` (one line per round), ``run.json`` (status, the round of
-the last checkpoint, environment, code version), ``checkpoint.pt`` and ``global_model.pt``;
-the methods that keep per-client state add ``client_states/``
-(:mod:`flnotes.engine.client_state`). :mod:`flnotes.engine.sim` says what each guard
-(settings, lock, rounds, the end, damaged files, writes) promises; this module keeps them:
-the settings hash and its check, the lock, reading and writing each file.
+:mod:`flnotes.engine.sim` lists the folder's files and says what each guard (settings, lock,
+rounds, the end, damaged files, writes) promises; this module keeps them: the settings hash
+and its check, the lock, reading and writing each file.
 """
 
 from __future__ import annotations
@@ -357,9 +354,8 @@ def _write_meta(run_dir: Path, history: History, checkpoint_round: int,
 
 def _write_text(path: Path, text: str) -> None:
     """Written whole or not at all (a Ctrl-C mid-write leaves no half file): as _atomic_save."""
-    data = text.encode()
     with _naming(path):
-        write_atomically(path, lambda f: f.write(data))
+        write_atomically(path, lambda f: f.write(text.encode()))
 
 
 @contextlib.contextmanager
