@@ -388,11 +388,10 @@ def environment_tracker(config) -> Tracker | None:
     names = environment_loggers()
     if not names or config.run_dir is None:
         return None
-    run_dir, settings = config.run_dir, config.resolved().to_dict()
     logger_dir = os.environ.get(ENV_LOGGER_DIR) or None
     base = os.environ.get(ENV_LOGGER_BASE) or logger_dir
-    label = _run_label(Path(run_dir), Path(base)) if base else None
-    return Tracker(names, run_dir, settings, logger_dir, label=label)
+    label = _run_label(Path(config.run_dir), Path(base)) if base else None
+    return Tracker(names, config.run_dir, config.resolved().to_dict(), logger_dir, label=label)
 
 
 def _holds_data(logger) -> bool:
