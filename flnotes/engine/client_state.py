@@ -186,8 +186,7 @@ class ClientStateStore:
         """Read (or create) these clients' states into memory; on disk, drop the others."""
         clients = [int(c) for c in clients]
         if self.on_disk:
-            self._held = {c: self._held[c] if c in self._held else self._read(c)
-                          for c in clients}
+            self._held = {c: self._held[c] if c in self._held else self._read(c) for c in clients}
         return [self.get(c) for c in clients]  # in memory: a new client's state is created
 
     def get(self, client: int) -> State:
