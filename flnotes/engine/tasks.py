@@ -117,9 +117,9 @@ class Task:
         if self.client_test_indices is None:
             raise ValueError("this task has no per-client test data: set client_test_fraction")
         idx = self.client_test_indices[client]
-        x, y = ((self.test_x, self.test_y) if self.client_test_source == "test"
-                else (self.train_x, self.train_y))
-        return x[idx], y[idx]
+        if self.client_test_source == "test":
+            return self.test_x[idx], self.test_y[idx]
+        return self.train_x[idx], self.train_y[idx]
 
     def num_samples(self, client: int) -> int:
         """How many training samples a client holds."""
