@@ -57,12 +57,8 @@ def supervised_objective(loss_fn: Callable, penalty: Callable | None) -> Callabl
 
     def objective(forward, params, anchor, xb, yb, mask):
         loss = masked_loss(loss_fn, forward("", xb), yb, mask)
-        total = loss
-        if penalty is not None:
-            extra = penalty(params, anchor)
-            if extra is not None:
-                total = loss + extra
-        return total, loss.detach()[None]
+        extra = penalty(params, anchor) if penalty is not None else None
+        return (loss if extra is None else loss + extra), loss.detach()[None]
 
     return objective
 
@@ -82,8 +78,8 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
         out = [None] * len(groups)
         for setting in dict.fromkeys(settings):
             chosen = [i for i, s in enumerate(settings) if s == setting]
-            trained = train_supervised([groups[i] for i in chosen], round)
-            for i, results in zip(chosen, trained, strict=True):
+            for i, results in zip(chosen, train_supervised([groups[i] for i in chosen], round),
+                                  strict=True):
                 out[i] = results
         return out
     task, strategy, config = groups[0][:3]
@@ -146,19 +142,11 @@ def client_lanes(task, config, round: int, clients: list[int]) -> list[tuple]:
     return [(*task.client_data(c), client_generator(config, round, c)) for c in clients]
 
 
-def train_stacked(
-    task,
-    lanes: list[tuple],
-    starts: dict[str, list],
-    config,
-    key: tuple,
-    make_objective: Callable[[], Callable],
-    *,
-    anchors: list[dict] | None = None,
-    shrink: bool | None = None,
-    ascent: Callable | None = None,
-    stacked_losses: Callable | None = None,
-) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
+def train_stacked(task, lanes: list[tuple], starts: dict[str, list], config, key: tuple,
+                  make_objective: Callable[[], Callable], *, anchors: list[dict] | None = None,
+                  shrink: bool | None = None, ascent: Callable | None = None,
+                  stacked_losses: Callable | None = None,
+                  ) -> tuple[dict[str, list[OrderedDict]], list[list[float]]]:
     """Train K lanes (clients), each with one model per prefix of ``starts``, in one stack.
 
     ``lanes`` holds each client's (x, y, generator) (:func:`client_lanes`; several runs'
@@ -209,12 +197,11 @@ def train_stacked(
     momentum_bufs = ({n: torch.zeros_like(p) for n, p in params.items()}
                      if config.momentum != 0 else {})
 
-    x_all = torch.cat([x for x, _, _ in lanes]).to(device)
-    y_all = torch.cat([y for _, y, _ in lanes]).to(device)
-    counts = [len(y) for _, y, _ in lanes]
-    offsets = [sum(counts[:k]) for k in range(len(counts))]
-    schedule = build_schedule(counts, offsets, config.local_epochs, config.batch_size,
-                              [g for _, _, g in lanes])
+    xs, ys, generators = zip(*lanes, strict=True)
+    x_all, y_all = torch.cat(xs).to(device), torch.cat(ys).to(device)
+    counts = [len(y) for y in ys]
+    schedule = build_schedule(counts, [sum(counts[:k]) for k in range(len(counts))],
+                              config.local_epochs, config.batch_size, generators)
     total_steps = max(schedule.steps, default=0)
     # Fewest real rows of any step any client takes: nn.BatchNorm refuses a 1-row batch.
     # StatBatchNorm checks it at trace time, so a round with a 1-row batch compiles a second
@@ -287,8 +274,7 @@ def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, ma
     ``stacked_losses`` it is)."""
     full_key = ("stacked-step", *key, num_clients, prefixes, config.compile, config.lr,
                 config.momentum, config.weight_decay, config.batch_size)
-    cache = task.backend_cache
-    if full_key not in cache:
+    if full_key not in (cache := task.backend_cache):
         ctx = StepContext()
         model = vmap_ready(task.model_factory(), ctx)
         model.train()
@@ -315,18 +301,10 @@ def _own_code(fn: Callable) -> Callable:
                               fn.__defaults__, fn.__closure__)
 
 
-def make_step(
-    model: torch.nn.Module,
-    ctx: StepContext,
-    objective: Callable,
-    prefixes: tuple[str, ...] = ("",),
-    *,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-    ascent: Callable | None = None,
-    stacked_losses: Callable | None = None,
-) -> Callable:
+def make_step(model: torch.nn.Module, ctx: StepContext, objective: Callable,
+              prefixes: tuple[str, ...] = ("",), *, lr: float, momentum: float,
+              weight_decay: float, ascent: Callable | None = None,
+              stacked_losses: Callable | None = None) -> Callable:
     """A pure function: one SGD step of K stacked clients, with row and client masks.
 
     With ``ascent`` (SAM: a strategy's ``stacked_ascent``) the step takes the gradient at
@@ -378,10 +356,8 @@ def make_step(
 
         ``row_mask`` None: every batch is full.
         """
-        if stacked_losses is not None:
-            grads_of = summed_grads
-        else:
-            grads_of = per_client_grads if row_mask is not None else full_batch_grads
+        grads_of = (summed_grads if stacked_losses is not None
+                    else per_client_grads if row_mask is not None else full_batch_grads)
         grads, (_, (reported, stats)) = grads_of(params, buffers, anchor, xb, yb, row_mask)
         passes = [stats]
         if ascent is not None:  # SAM: the gradient at params + e replaces the gradient
