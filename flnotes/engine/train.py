@@ -25,13 +25,8 @@ from flnotes.engine.state import clone_state
 from flnotes.rng import torch_generator
 
 
-def iter_batches(
-    num_samples: int,
-    epochs: int,
-    batch_size: int,
-    generator: torch.Generator,
-    device: torch.device | str | None = None,
-) -> Iterator[torch.Tensor]:
+def iter_batches(num_samples: int, epochs: int, batch_size: int, generator: torch.Generator,
+                 device: torch.device | str | None = None) -> Iterator[torch.Tensor]:
     """Row indices of every local step, in order: a fresh shuffle per epoch, the last batch
     of an epoch may be short.
 
@@ -53,13 +48,8 @@ def iter_batches(
                                                                       num_samples)]
 
 
-def batch_schedule(
-    num_samples: int,
-    epochs: int,
-    batch_size: int,
-    generator: torch.Generator,
-    device: torch.device | str | None = None,
-) -> list[torch.Tensor]:
+def batch_schedule(num_samples: int, epochs: int, batch_size: int, generator: torch.Generator,
+                   device: torch.device | str | None = None) -> list[torch.Tensor]:
     """Every step's row indices at once (:func:`iter_batches` as a list), for callers that
     need the whole schedule; a training loop iterates :func:`iter_batches` instead."""
     return list(iter_batches(num_samples, epochs, batch_size, generator, device))
@@ -70,26 +60,16 @@ def client_generator(config, round: int, client: int) -> torch.Generator:
     return torch_generator(config.seed, "batches", round, client)
 
 
-def local_sgd(
-    model: nn.Module,
-    start: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-    generator: torch.Generator,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    penalty: Callable[[dict, dict], torch.Tensor | None] | None = None,
-    anchor: dict[str, torch.Tensor] | None = None,
-    local_gradient: Callable[[dict, Callable], torch.Tensor] | None = None,
-    teacher: nn.Module | None = None,
-    teacher_loss: Callable | None = None,
-    batch_loss: Callable | None = None,
-) -> tuple[OrderedDict[str, torch.Tensor], float]:
+def local_sgd(model: nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+              *, epochs: int, batch_size: int, lr: float, momentum: float, weight_decay: float,
+              generator: torch.Generator,
+              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+              penalty: Callable[[dict, dict], torch.Tensor | None] | None = None,
+              anchor: dict[str, torch.Tensor] | None = None,
+              local_gradient: Callable[[dict, Callable], torch.Tensor] | None = None,
+              teacher: nn.Module | None = None, teacher_loss: Callable | None = None,
+              batch_loss: Callable | None = None,
+              ) -> tuple[OrderedDict[str, torch.Tensor], float]:
     """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss.
 
     ``penalty(params, anchor)`` is added to the loss; ``anchor`` defaults to ``start``.
@@ -115,18 +95,10 @@ def local_sgd(
         def closure(xb=xb, yb=yb, teacher_out=teacher_out) -> torch.Tensor:
             """Forward and backward at the current weights; the batch's empirical loss."""
             out = model(xb)
-            loss = loss_fn(out, yb)
-            total = loss
-            if penalty is not None:
-                extra = penalty(params, anchor)
-                if extra is not None:
-                    total = loss + extra
-            if teacher_out is not None:
-                extra = teacher_loss(out, yb, teacher_out)
-                if extra is not None:
-                    total = total + extra
-            if batch_loss is not None:
-                extra = batch_loss(model, xb, yb, out)
+            total = loss = loss_fn(out, yb)
+            for extra in (penalty(params, anchor) if penalty is not None else None,
+                          teacher_loss(out, yb, teacher_out) if teacher_out is not None else None,
+                          batch_loss(model, xb, yb, out) if batch_loss is not None else None):
                 if extra is not None:
                     total = total + extra
             opt.zero_grad(set_to_none=True)
