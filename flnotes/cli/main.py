@@ -87,7 +87,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def _field_choices() -> dict[str, list[str]]:
     """The allowed values of the common fields that take a name, for --help."""
-
     return {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
             "partition": list(PARTITIONS), "backend": list(BACKENDS),
             "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS)}
@@ -134,7 +133,6 @@ def _setting_type(setting):
 def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -> None:
     """One flag per RunConfig field, defaulting to 'not given': the common fields, then one
     group per method with the settings it declares (``only``: that method's group alone)."""
-
     hints = typing.get_type_hints(RunConfig)
     choices = _field_choices()
     group = parser.add_argument_group("common settings (every method)")
@@ -162,7 +160,6 @@ def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -
         own = [s for n, s in settings_of(algorithm).items() if n not in placed or only]
         if not own:
             continue
-
         label = algorithm_class(algorithm).label or algorithm
         group = parser.add_argument_group(f"{label} settings (--algorithm {algorithm})")
         for setting in own:
@@ -204,7 +201,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if "data_options" in values:  # KEY=VALUE adds to (or changes) the stored options
             values["data_options"] = {**(stored.get("data_options") or {}),
                                       **values["data_options"]}
-
         try:  # the file's own problems, named as the file's
             RunConfig.from_dict(_said(stored), strict=True)
         except ValueError as err:
@@ -225,7 +221,6 @@ def _said(stored: dict) -> dict:
     their default: a run folder written before settings belonged to methods holds every
     method's, at its default, and says nothing by them. Any other such setting stays, for
     the strict check to refuse as it refuses the flag."""
-
     algorithm = stored.get("algorithm", "fedavg")
     if algorithm not in algorithm_names():
         return stored  # refused by name, with the known ones
@@ -237,11 +232,9 @@ def _said(stored: dict) -> dict:
 
 def _no_duplicates(pairs: list) -> dict:
     """json's object_pairs_hook: a key given twice is refused (json keeps the last)."""
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise DuplicateKey(key)
-        seen[key] = value
+    seen = dict(pairs)
+    if len(seen) < len(pairs):
+        raise DuplicateKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
     return seen
 
 
@@ -294,7 +287,6 @@ def _stored_config(path: str, flag: str) -> dict:
 def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunConfig:
     """The config that continues run folder ``folder``: its config.json, with only the flags
     that leave its results as they are (more --rounds, another device, ...)."""
-
     for other in ("config", "preset"):
         if getattr(args, other, None) is not None:
             raise ValueError(f"--resume continues {folder} under its own config; drop "
@@ -333,7 +325,6 @@ def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunCon
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one configuration (``--seeds``: several), print each round, save a curve."""
-
     loggers = parse_loggers(getattr(args, "logger", None))  # before a config is read
     return run_command(config_from_args(args), getattr(args, "seeds", None),
                        loggers=loggers, logger_dir=getattr(args, "logger_dir", None),
@@ -372,7 +363,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
     """Copy the notebook series into a folder to open in Jupyter."""
-
     copied = copy_notebooks(args.dest, force=args.force)  # checks the name: Path("") is "."
     dest = Path(args.dest)
     print(f"copied {len(copied)} files into {dest}; open them with: jupyter lab {dest}")
@@ -389,7 +379,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     """List presets, or show one with the source of each value."""
-
     if args.name:
         if args.name not in preset_names():
             raise ValueError(f"unknown preset {args.name!r}"
@@ -419,8 +408,13 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                                      allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    p_run = sub.add_parser(
-        "run", allow_abbrev=False,
+    def command(name: str, func, **kwargs) -> argparse.ArgumentParser:
+        made = sub.add_parser(name, allow_abbrev=False, **kwargs)
+        made.set_defaults(func=func, command_parser=made)
+        return made
+
+    p_run = command(
+        "run", cmd_run,
         help="train one configuration (one flag per RunConfig field; --preset, --seeds)",
         description="Train one federated configuration. Every round's line is printed as it "
         "ends; the run folder (--run-dir) holds config, metrics and checkpoints, and the same "
@@ -456,48 +450,36 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
                        help="log into DIR/tensorboard/<run folder name>/ and DIR/mlruns/ "
                             "instead of the run folder (one place to compare runs)")
     add_config_flags(p_run, only=only_algorithm)
-    p_run.set_defaults(func=cmd_run, command_parser=p_run)
-    p_demo = sub.add_parser("demo", allow_abbrev=False,
-                            help="the quick-start job: a small run and the toy notebooks")
+    p_demo = command("demo", cmd_demo,
+                     help="the quick-start job: a small run and the toy notebooks")
     p_demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p_demo.add_argument("--skip-notebooks", action="store_true", help="only the small run")
     p_demo.add_argument("--quick", action="store_true",
                         help="3 rounds and the first notebook only (a check that an install "
                         "works, in about half a minute)")
-    p_demo.set_defaults(func=cmd_demo, command_parser=p_demo)
-    p_nb = sub.add_parser("notebooks", allow_abbrev=False,
-                          help="copy the notebook series into a folder to open in Jupyter")
+    p_nb = command("notebooks", cmd_notebooks,
+                   help="copy the notebook series into a folder to open in Jupyter")
     p_nb.add_argument("dest", help="the folder to copy them into (made if missing)")
     p_nb.add_argument("--force", action="store_true",
                       help="replace notebooks already there (default: keep them)")
-    p_nb.set_defaults(func=cmd_notebooks, command_parser=p_nb)
-
     # The help shows the grid file format too: it is what a user of the command writes.
-    p_sweep = sub.add_parser("sweep", allow_abbrev=False,
-                             help="run a YAML grid of notebooks with papermill (sweeps/)",
-                             description=f"{sweep_cli.__doc__}\n{grid_doc}",
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    sweep_cli.add_arguments(p_sweep)
-    p_sweep.set_defaults(func=sweep_cli.cmd_sweep, command_parser=p_sweep)
-    for name, module, command, text in (
+    sweep_cli.add_arguments(command(
+        "sweep", sweep_cli.cmd_sweep, help="run a YAML grid of notebooks with papermill (sweeps/)",
+        description=f"{sweep_cli.__doc__}\n{grid_doc}",
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    for name, module, func, text in (
             ("tables", tables_cli, tables_cli.cmd_tables,
              "the papers' tables with the results of a folder of runs beside them"),
             ("figures", figures_cli, figures_cli.cmd_figures,
              "draw a paper's figure from a folder of runs (--list: which)"),
             ("results-page", page_cli, page_cli.cmd_results_page,
              "write results/README.md from a sweep's run folders")):
-        p_reading = sub.add_parser(name, allow_abbrev=False, help=text)
-        module.add_arguments(p_reading)
-        p_reading.set_defaults(func=command, command_parser=p_reading)
-    p_methods = sub.add_parser("methods", allow_abbrev=False,
-                               help="the registered methods: flag value, paper name, what it "
-                                    "is, module, paper tables (the README's table)")
-    p_methods.set_defaults(func=cmd_methods, command_parser=p_methods)
-    p_pre = sub.add_parser("presets", allow_abbrev=False,
-                           help="list the named paper settings, or show one with where each "
-                           "value comes from")
-    p_pre.add_argument("name", nargs="?", help="a preset to show (default: list them all)")
-    p_pre.set_defaults(func=cmd_presets, command_parser=p_pre)
+        module.add_arguments(command(name, func, help=text))
+    command("methods", cmd_methods, help="the registered methods: flag value, paper name, what "
+            "it is, module, paper tables (the README's table)")
+    command("presets", cmd_presets, help="list the named paper settings, or show one with "
+            "where each value comes from").add_argument(
+        "name", nargs="?", help="a preset to show (default: list them all)")
     return parser
 
 
@@ -514,7 +496,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def _help_algorithm(argv: list[str] | None) -> str | None:
     """NAME of ``run --algorithm NAME --help`` (a registered one), else None."""
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "run" or not {"-h", "--help"} & set(argv):
         return None
