@@ -38,9 +38,8 @@ class StatBatchNorm(nn.Module):
         self.name, self.ctx = name, ctx
         self.eps, self.bn_momentum = bn.eps, bn.momentum
         self.weight, self.bias = bn.weight, bn.bias  # same Parameters: same names
-        self.register_buffer("running_mean", bn.running_mean)
-        self.register_buffer("running_var", bn.running_var)
-        self.register_buffer("num_batches_tracked", bn.num_batches_tracked)
+        for buffer in ("running_mean", "running_var", "num_batches_tracked"):
+            self.register_buffer(buffer, getattr(bn, buffer))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise x (B, C, *spatial) over its real rows; record (mean, unbiased var)."""
@@ -94,8 +93,7 @@ class VmapLSTM(nn.Module):
         seq = x if self.batch_first else x.transpose(0, 1)  # (B, L, in)
         h_last, c_last = [], []
         for layer in range(self.num_layers):
-            w_ih = getattr(self, f"weight_ih_l{layer}")
-            w_hh = getattr(self, f"weight_hh_l{layer}")
+            w_ih, w_hh = getattr(self, f"weight_ih_l{layer}"), getattr(self, f"weight_hh_l{layer}")
             # Input projection of every time step at once; only h @ W_hh is sequential.
             gates_x = seq @ w_ih.T  # (B, L, 4H)
             if self.has_bias:
@@ -139,17 +137,10 @@ def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
     setattr(root.get_submodule(parent_name) if parent_name else root, child, new)
 
 
-def running_stat_updates(
-    running_mean: torch.Tensor,
-    running_var: torch.Tensor,
-    tracked: torch.Tensor,
-    mean: torch.Tensor,
-    var: torch.Tensor,
-    momentum: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """nn.BatchNorm's buffer update for (K, C) stacked buffers; ``tracked`` already counts it."""
-    if momentum is None:  # cumulative average: factor 1 / num_batches_tracked, per model
-        factor = (1.0 / tracked.to(mean.dtype)).reshape(-1, 1)
-    else:
-        factor = momentum
+def running_stat_updates(running_mean: torch.Tensor, running_var: torch.Tensor,
+                         tracked: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+                         momentum: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """nn.BatchNorm's buffer update for (K, C) stacked buffers; ``tracked`` already counts it.
+    Momentum None: a cumulative average, factor 1 / num_batches_tracked per model."""
+    factor = momentum if momentum is not None else (1.0 / tracked.to(mean.dtype)).reshape(-1, 1)
     return (1 - factor) * running_mean + factor * mean, (1 - factor) * running_var + factor * var
