@@ -28,9 +28,8 @@ class Schedule:
         return sum(1 for s in self.steps if s > t)
 
 
-def build_schedule(
-    num_samples: list[int], offsets: list[int], epochs: int, batch_size: int, generators
-) -> Schedule:
+def build_schedule(num_samples: list[int], offsets: list[int], epochs: int, batch_size: int,
+                   generators) -> Schedule:
     """Pad the clients' :func:`batch_schedule` step lists into (K, T, B) global row indices.
 
     The same shuffles as batch_schedule (one randperm per epoch from each client's
