@@ -88,7 +88,6 @@ class GridError(ValueError):
 @dataclass
 class Cell:
     """One notebook execution: parameters, table labels and its folder name."""
-
     id: str
     parameters: dict[str, Any]
     labels: dict[str, str]
@@ -99,7 +98,6 @@ class Cell:
 @dataclass
 class Grid:
     """A validated grid file (one variant: paper scale or smoke)."""
-
     name: str
     path: Path
     notebook: Path
@@ -126,12 +124,8 @@ def shipped_grids() -> dict[str, Path]:
 
 def grid_summary(path: Path, width: int = 90) -> str:
     """The start of a grid's opening comment (what it reproduces), for ``sweep --list``."""
-    words = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        words += line.lstrip("#").split()
-    text = " ".join(words)
+    lines = itertools.takewhile(lambda line: line.startswith("#"), path.read_text().splitlines())
+    text = " ".join(word for line in lines for word in line.lstrip("#").split())
     return text if len(text) <= width else text[:width - 3].rsplit(" ", 1)[0] + " ..."
 
 
@@ -159,8 +153,7 @@ def resolve_grid(name: str | Path) -> Path:
 
 def notebook_parameters(notebook: Path) -> set[str]:
     """Names defined in the notebook's cell tagged 'parameters'."""
-    pm = import_papermill()
-    return set(pm.inspect_notebook(str(notebook)))
+    return set(import_papermill().inspect_notebook(str(notebook)))
 
 
 def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = None,
@@ -233,20 +226,17 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
         problems += _parameter_problems(notebook, fixed, axes, overrides)
     if problems:
         raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
-    variant = "smoke" if smoke else "paper"
     grid = Grid(name=str(spec.get("name") or path.stem), path=path, notebook=notebook,
-                variant=variant, paper_table=table)
+                variant="smoke" if smoke else "paper", paper_table=table)
     known = notebook_parameters(notebook)
     try:
         grid.cells = expand(fixed, axes, seeds, labels, seed_parameter=_seed_parameter(notebook),
                             known=known, overrides=overrides, stack_seeds=stack)
     except ValueError as err:  # an unknown preset, or preset fields with nowhere to go
         raise GridError(f"{path}: {err}") from err
-    problems = [p for cell in grid.cells for p in _name_problems(cell)]
-    if problems:
-        raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
-    problems = _same_cells(grid.cells) or _config_problems(grid.cells, notebook, fixed, axes,
-                                                           overrides)
+    problems = ([p for cell in grid.cells for p in _name_problems(cell)]
+                or _same_cells(grid.cells)
+                or _config_problems(grid.cells, notebook, fixed, axes, overrides))
     if problems:
         raise GridError(f"{path}: " + "; ".join(dict.fromkeys(problems)))
     return grid
@@ -254,11 +244,8 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
 
 def _repeats(values: list) -> dict[str, int]:
     """Values listed more than once (as written, e.g. 0 or [1, 2]) -> how many times."""
-    counts: dict[str, int] = {}
-    for value in values:
-        key = json.dumps(value, sort_keys=True, default=str)
-        counts[key] = counts.get(key, 0) + 1
-    return {key: n for key, n in counts.items() if n > 1}
+    keys = [json.dumps(value, sort_keys=True, default=str) for value in values]
+    return {key: keys.count(key) for key in keys if keys.count(key) > 1}
 
 
 def _same_cells(cells: list[Cell]) -> list[str]:
@@ -279,9 +266,8 @@ def _same_cells(cells: list[Cell]) -> list[str]:
 
 def _notebook_defaults(notebook: Path) -> dict[str, Any]:
     """The parameters cell's values that are Python literals (name -> value)."""
-    pm = import_papermill()
     defaults = {}
-    for name, info in pm.inspect_notebook(str(notebook)).items():
+    for name, info in import_papermill().inspect_notebook(str(notebook)).items():
         try:
             defaults[name] = ast.literal_eval(str(info.get("default")))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -317,7 +303,6 @@ def _config_problems(cells: list[Cell], notebook: Path, fixed: dict, axes: dict,
     """Each cell's runs through RunConfig (what the notebook would build), before anything
     runs: one line per problem, naming the first cell, where the value came from and
     RunConfig's message."""
-
     fields = set(field_names())  # common fields and every method's settings
     defaults = _notebook_defaults(notebook)
     checked: dict[str, str | None] = {}
@@ -387,7 +372,6 @@ def _mapping(spec: dict, key: str, problems: list[str], prefix: str = "") -> dic
 def _name_problems(cell: Cell) -> list[str]:
     """Algorithm, dataset and model names of a cell that no run could take: found before
     anything runs (``--dry-run`` included), not in the first cell that reaches them."""
-
     params = flat_settings(cell.parameters)
     problems = []
     for key, known in (("algorithm", algorithm_names), ("algorithms", algorithm_names),
@@ -433,7 +417,6 @@ def _axis_problems(axes: dict) -> list[str]:
 def _parameter_problems(notebook: Path, fixed: dict, axes: dict, overrides: dict) -> list[str]:
     """Every key the grid sets must be a parameter of the notebook's parameters cell or, where
     the notebook has a catch-all dict for them, a RunConfig field."""
-
     own = notebook_parameters(notebook)
     # a notebook with a `config` dict takes RunConfig's fields by name; an older one's
     # `extra` dict takes anything
@@ -477,12 +460,9 @@ def expand(fixed: dict, axes: dict, seeds: list[int], labels: dict | None = None
 
     With ``stack_seeds`` every setting is one cell that runs all the seeds.
     """
-    choices = []
-    for name, values in axes.items():
-        if isinstance(values, dict):
-            choices.append([(name, str(label), dict(b)) for label, b in values.items()])
-        else:
-            choices.append([(name, _label(v), {name: v}) for v in values])
+    choices = [[(name, str(label), dict(b)) for label, b in values.items()]
+               if isinstance(values, dict) else [(name, _label(v), {name: v}) for v in values]
+               for name, values in axes.items()]
     cells = []
     for group in [list(seeds)] if stack_seeds else [[seed] for seed in seeds]:
         for combo in itertools.product(*choices):
@@ -585,7 +565,6 @@ def _read_by(values: dict[str, Any], algorithms) -> dict[str, Any]:
     """``values`` without the method settings none of the cell's algorithms read: they would
     change a cell's id and nothing it runs. Unknown algorithms leave the values as they are
     (the grid's checks name them)."""
-
     if algorithms is None:
         return values
     names = [algorithms] if isinstance(algorithms, str) else list(algorithms)
