@@ -17,13 +17,10 @@ the ``loop`` backend's (float tolerance) because:
 - BatchNorm running statistics are updated per client from the batch statistics
   (:mod:`flnotes.engine.batched.functional`), as nn.BatchNorm does in train mode.
 
-This module schedules the batches and splits a round into groups (halving them when a
-GPU runs out of memory); :mod:`flnotes.engine.batched.stacked` trains a group, FedSAM's
-and FedASAM's two-pass steps included (``Strategy.stacked_ascent``). A strategy whose local
-step needs another second pass (``Strategy.local_gradient`` without a stacked ascent), a
-teacher model (``Strategy.teacher_loss``: FedNTD) or a term from the live model
-(``Strategy.batch_loss``: FedGen) trains on the loop instead, with a one-time warning
-(:func:`flnotes.engine.batched.stacked.stacks`).
+This module splits a round into groups (halving them when a GPU runs out of memory);
+:mod:`flnotes.engine.batched.stacked` trains a group, or says once why a strategy's clients
+train on the loop instead (:func:`flnotes.engine.batched.stacked.trains_in_stack`: FedNTD,
+FedGen).
 """
 
 from __future__ import annotations
@@ -35,16 +32,8 @@ from flnotes.engine.batched.stacked import train_supervised
 from flnotes.engine.train import train_clients_loop
 
 
-def train_clients_vmap(
-    task,
-    strategy: Strategy,
-    round: int,
-    clients: list[int],
-    starts: list,
-    config,
-    *,
-    chunk_size: int | None = None,
-) -> list[ClientResult]:
+def train_clients_vmap(task, strategy: Strategy, round: int, clients: list[int], starts: list,
+                       config, *, chunk_size: int | None = None) -> list[ClientResult]:
     """Train the sampled clients together; the same results as the loop backend."""
     sizes = [task.num_samples(c) for c in clients]
     # Most steps first, so the clients still training are always a prefix of the stack.
@@ -82,7 +71,7 @@ def train_group(task, strategy, round, clients, starts, config) -> list[ClientRe
     """Train one group of clients as one stack (FML: its own batched update, if it has one)."""
     if strategy.custom_local_update:  # FML's two models per client
         batched = strategy.local_update_batched(task, round, clients, starts, config)
-        if batched is None:  # the strategy has no batched path: the reference loop
-            batched = train_clients_loop(task, strategy, round, clients, starts, config)
-        return batched
+        # None: the strategy has no batched path, so the reference loop
+        return batched if batched is not None else train_clients_loop(
+            task, strategy, round, clients, starts, config)
     return train_supervised([(task, strategy, config, clients, starts)], round)[0]
