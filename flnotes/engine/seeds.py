@@ -57,9 +57,8 @@ def seed_configs(config, seeds: list[int]) -> list:
                            else f"{config.run_dir}/seed{seed}") for seed in seeds]
 
 
-def run_seeds(config, seeds: list[int], *, progress: bool = True,
-              track: bool = True, threads: int | None = None,
-              client_workers: int | None = 1) -> list[History]:
+def run_seeds(config, seeds: list[int], *, progress: bool = True, track: bool = True,
+              threads: int | None = None, client_workers: int | None = 1) -> list[History]:
     """Run ``config`` once per seed, the seeds' clients trained together; one History each.
 
     ``track``: as :func:`flnotes.engine.sim.run` (``FLNOTES_LOGGERS``); a stacked run has no
@@ -165,9 +164,8 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
     # Once S x K models did not fit, later rounds go run by run at once.
     cache = plans[stackable[0]][0].task.backend_cache if stackable else {}
     if stackable and not cache.get("seed-stack-too-big"):
-        groups = [(sim.task, sim.strategy, round_config(sim.strategy, rnd, sim.config),
-                   clients, starts)
-                  for sim, clients, starts in (plans[i] for i in stackable)]
+        groups = [(sim.task, sim.strategy, round_config(sim.strategy, rnd, sim.config), *plan)
+                  for sim, *plan in (plans[i] for i in stackable)]
         too_big = False
         try:
             for i, results in zip(stackable, train_supervised(groups, rnd), strict=True):
@@ -177,8 +175,7 @@ def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
         if too_big:
             cache["seed-stack-too-big"] = True
             torch.cuda.empty_cache()  # here: the except clause's traceback still held the stack
-    for i, (sim, clients, group_starts) in enumerate(plans):
-        if out[i] is None:  # FML (or a stack too big): this run's clients alone
-            out[i] = train_clients(sim.task, sim.strategy, rnd, clients, group_starts,
-                                   sim.config)
-    return out
+    # FML (or a stack too big): each run's clients alone
+    return [results if results is not None else train_clients(
+        sim.task, sim.strategy, rnd, clients, group_starts, sim.config)
+        for results, (sim, clients, group_starts) in zip(out, plans, strict=True)]
