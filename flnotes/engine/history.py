@@ -76,9 +76,8 @@ class History:
                                  f"({type(err).__name__}); run the same config on the folder "
                                  "again to rebuild it from the checkpoint") from None
         return cls(config=meta["config"], rows=rows, status=meta["status"],
-                   environment=meta.get("environment", {}),
-                   code_version=meta.get("code_version", ""), run_dir=str(run_dir),
-                   final_state=final)
+                   environment=meta.get("environment", {}), final_state=final,
+                   code_version=meta.get("code_version", ""), run_dir=str(run_dir))
 
 
 def read_run_json(path: Path) -> dict[str, Any]:
@@ -147,7 +146,6 @@ def code_version() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-
     try:
         return "flnotes " + version("flnotes")
     except PackageNotFoundError:
