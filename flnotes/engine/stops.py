@@ -30,7 +30,6 @@ class ReaderLeft(KeyboardInterrupt):
 def send_nowhere(stream=None) -> None:
     """After a BrokenPipeError on ``stream`` (default stdout): the rest of it goes to
     os.devnull, so that neither a later line nor Python's flush at exit raises again."""
-
     stream = sys.stdout if stream is None else stream
     os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
