@@ -57,8 +57,7 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
         raise ValueError("--logger-dir says where --logger writes: add --logger tensorboard "
                          "(or mlflow)")
 
-    problem = logger_dir_problem(logger_dir)
-    if problem:
+    if problem := logger_dir_problem(logger_dir):
         raise ValueError(problem)
     check_installed(loggers or [])  # before any data is loaded
     config.check_device()  # before any data is loaded
@@ -124,7 +123,6 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
     return 0 if history.status == "completed" else 1
 
 
-
 # A data option at or above this asks for more samples than any dataset here holds (CIFAR:
 # 50,000; LEAF's Shakespeare: about 4 million): the likely cause of a MemoryError.
 _HUGE = 10 ** 8
@@ -145,10 +143,8 @@ def too_large(data_options: dict, err: MemoryError) -> str | None:
 
 def _tracker(config: RunConfig, loggers: list[str] | None, logger_dir: str | None):
     """The run's Tracker (None without loggers): settings as the run records them."""
-    if not loggers:
-        return None
-
-    return Tracker(loggers, config.run_dir, config.resolved().to_dict(), logger_dir)
+    return (Tracker(loggers, config.run_dir, config.resolved().to_dict(), logger_dir)
+            if loggers else None)
 
 
 def _plain_start_lines(config: RunConfig) -> str | None:
@@ -284,8 +280,7 @@ def _curve_title(config) -> str:
 def _row_line(row: dict, dataset: str) -> str:
     """One round's printed line."""
     if dataset == "toy":
-        flat = f"{row['accuracy']:.0f}" if "accuracy" in row else "-"
-        score = f"flat_basin {flat}"
+        score = f"flat_basin {row['accuracy']:.0f}" if "accuracy" in row else "flat_basin -"
     else:
         score = f"accuracy {row['accuracy']:.4f}" if "accuracy" in row else "accuracy    -  "
     return (f"round {row['round']:4d}  train_loss {row['train_loss']:.4f}  {score}"
@@ -305,10 +300,7 @@ def _write_line(line: str, above_bar: bool = True) -> None:
     """Print (above the progress bar, if one is drawn), and flush: a redirected log shows
     each round at once."""
     try:
-        if above_bar:
-            tqdm.write(line)
-        else:
-            print(line)
+        (tqdm.write if above_bar else print)(line)
         sys.stdout.flush()
     except BrokenPipeError:  # `run ... | head`: stop as on Ctrl-C, the folder resumable
         raise reader_left() from None
