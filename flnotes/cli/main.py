@@ -190,8 +190,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if "data_options" in values:
         values["data_options"] = dict(values["data_options"] or [])
     config_file = getattr(args, "config", None)
-    resume = getattr(args, "resume", None)
-    if resume is not None:
+    if (resume := getattr(args, "resume", None)) is not None:
         return _resume_config(resume, values, args)
     if config_file is not None:
         if getattr(args, "preset", None) is not None:
@@ -295,8 +294,7 @@ def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunCon
         raise ValueError(f"--resume {folder} is the run folder; drop --run-dir")
     if getattr(args, "seeds", None) is not None:
         raise ValueError(f"--resume continues the one run of {folder}; drop --seeds")
-    changed = sorted(k for k in flags if k not in RESUMABLE_CHANGES)
-    if changed:
+    if changed := sorted(k for k in flags if k not in RESUMABLE_CHANGES):
         named = ", ".join("--" + k.replace("_", "-") for k in changed)
         raise ValueError(f"--resume continues {folder} with its own settings, which {named} "
                          f"would change; start a new run with --config {folder} {named} ...")
@@ -308,8 +306,7 @@ def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunCon
         what = "is a file, not a run folder" if where.exists() else "does not exist"
         raise ValueError(f"--resume {folder} {what}")
     if not (where / "config.json").exists():
-        seeds = sorted(p.name for p in where.glob("seed*") if (p / "config.json").exists())
-        if seeds:
+        if seeds := sorted(p.name for p in where.glob("seed*") if (p / "config.json").exists()):
             raise ValueError(f"--resume {folder} holds the folders of a --seeds run "
                              f"({', '.join(seeds)}); continue it with --config "
                              f"{where / seeds[0]} --seeds ... --run-dir {folder}")
