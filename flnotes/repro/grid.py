@@ -377,11 +377,8 @@ def _name_problems(cell: Cell) -> list[str]:
     for key, known in (("algorithm", algorithm_names), ("algorithms", algorithm_names),
                        ("dataset", dataset_names), ("model", model_names)):
         value = params.get(key)
-        if value is None:
-            continue
-        names = value if isinstance(value, list) else [value]
-        for name in names:
-            name = str(name).strip()
+        names = [] if value is None else value if isinstance(value, list) else [value]
+        for name in (str(n).strip() for n in names):
             if name not in known():
                 problems.append(f"unknown {key.rstrip('s')} {name!r} (in cell {cell.id})"
                                 f"{did_you_mean(name, known())}; known: {known()}")
