@@ -85,13 +85,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
     return key, parsed
 
 
-def _field_choices() -> dict[str, list[str]]:
-    """The allowed values of the common fields that take a name, for --help."""
-    return {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
-            "partition": list(PARTITIONS), "backend": list(BACKENDS),
-            "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS)}
-
-
 def field_help(name: str, default: Any, choices: list[str] | None) -> str:
     """One flag's help: what it does, its choices and its default (None: said in the text)."""
     parts = [FIELD_HELP[name]]
@@ -134,7 +127,10 @@ def add_config_flags(parser: argparse.ArgumentParser, only: str | None = None) -
     """One flag per RunConfig field, defaulting to 'not given': the common fields, then one
     group per method with the settings it declares (``only``: that method's group alone)."""
     hints = typing.get_type_hints(RunConfig)
-    choices = _field_choices()
+    # The allowed values of the common fields that take a name, for --help.
+    choices = {"algorithm": algorithm_names(), "dataset": dataset_names(), "model": model_names(),
+               "partition": list(PARTITIONS), "backend": list(BACKENDS),
+               "compile": list(COMPILE_MODES), "weighting": list(WEIGHTINGS)}
     group = parser.add_argument_group("common settings (every method)")
     for name in common_field_names():
         f = next(f for f in dataclasses.fields(RunConfig) if f.name == name)
@@ -237,16 +233,6 @@ def _no_duplicates(pairs: list) -> dict:
     return seen
 
 
-def _parse_config_text(text: str):
-    """A config file's text as JSON, else as YAML (which most JSON also is; JSON first:
-    YAML 1.1 would read json.dumps's 1e-05 as text); DuplicateKey for a key given twice."""
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError:
-        pass
-    return read_yaml(text)
-
-
 def _stored_config(path: str, flag: str) -> dict:
     """The values of a run folder's config.json (``path``: the file or its folder) or of a
     YAML or JSON file, or a one-line ValueError naming the file and what is wrong with it."""
@@ -264,7 +250,10 @@ def _stored_config(path: str, flag: str) -> dict:
         reason = getattr(err, "strerror", None) or type(err).__name__
         raise ValueError(f"{flag} {path}: cannot read {file} ({reason})") from None
     try:
-        values = _parse_config_text(text)
+        try:  # JSON first (YAML 1.1 would read json.dumps's 1e-05 as text), else YAML
+            values = json.loads(text, object_pairs_hook=_no_duplicates)
+        except json.JSONDecodeError:  # (which most JSON also is)
+            values = read_yaml(text)
     except DuplicateKey as dup:
         where = f" (line {dup.again})" if dup.again else ""
         raise ValueError(f"{flag} {path}: {file} gives {dup.key!r} twice{where}; keep "
@@ -504,11 +493,6 @@ def _help_algorithm(argv: list[str] | None) -> str | None:
     return None
 
 
-def _one_line(err: Exception) -> str:
-    """An error's message on one line (YAML and JSON errors span several)."""
-    return " ".join(str(err).split())
-
-
 _IMPORTED = time.perf_counter()  # where the process's age is unknown: from this import on
 
 
@@ -534,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         with terminate_like_ctrl_c():
             code = args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
         send_nowhere()
@@ -551,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         if huge:  # a size the user typed that cannot fit: bad input, not a fault
             print(f"error: {huge}", file=sys.stderr)
             return 2
-        print(f"error: {type(err).__name__}: {_one_line(err)} (unexpected; set "
+        print(f"error: {type(err).__name__}: {' '.join(str(err).split())} (unexpected; set "
               "FLNOTES_TRACEBACK=1 to see where)", file=sys.stderr)
         if os.environ.get("FLNOTES_TRACEBACK"):
             raise
