@@ -93,8 +93,7 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
         starts += group_starts
         anchors += [group_strategy.penalty_anchor(s, c)
                     for s, c in zip(group_starts, clients, strict=True)]
-    states, means = train_stacked(
-        task, lanes, {"": starts}, config, ("supervised", strategy),
+    states, means = train_stacked(task, lanes, {"": starts}, config, ("supervised", strategy),
         lambda: supervised_objective(task.loss_fn, penalty),
         anchors=anchors if penalty is not None else None,
         ascent=strategy.stacked_ascent if strategy.has_local_gradient else None,
@@ -119,9 +118,8 @@ def trains_in_stack(strategy) -> bool:
     ``local_gradient``), and has neither a teacher model (``Strategy.teacher_loss``, FedNTD)
     nor a term from the live model (``Strategy.batch_loss``, FedGen).
     """
-    if strategy.has_teacher or strategy.has_batch_loss:
-        return False
-    return not strategy.has_local_gradient or strategy.stacked_ascent is not None
+    return not (strategy.has_teacher or strategy.has_batch_loss) and (
+        not strategy.has_local_gradient or strategy.stacked_ascent is not None)
 
 
 def stacks(strategy) -> bool:
@@ -214,8 +212,6 @@ def train_stacked(task, lanes: list[tuple], starts: dict[str, list], config, key
     row_masks = torch.where((schedule.sizes == 0)[..., None], True, real).float().to(device)
     active = (schedule.sizes > 0).float().to(device)  # (K, T)
     reported = None  # (K, T, R) once the first step tells R
-    # Eagerly, finished lanes leave the stack (no work for them). A compiled step keeps
-    # every lane, frozen by the client mask: one shape, one compilation.
     shrink = config.compile == "off" if shrink is None else shrink
     width, finished = len(lanes), []  # finished: states of lanes that left, latest last
 
@@ -225,8 +221,7 @@ def train_stacked(task, lanes: list[tuple], starts: dict[str, list], config, key
             # Copies, not views: a view would keep this step's whole stack alive.
             finished.append({n: v[new_width:width].clone()
                              for n, v in {**params, **buffers}.items()})
-            params, buffers, anchor, momentum_bufs = (
-                {n: v[:new_width] for n, v in d.items()}
+            params, buffers, anchor, momentum_bufs = ({n: v[:new_width] for n, v in d.items()}
                 for d in (params, buffers, anchor, momentum_bufs))
             width = new_width
         # The gather stays outside the step: the round's data (x_all) changes size with the
@@ -254,8 +249,7 @@ def train_stacked(task, lanes: list[tuple], starts: dict[str, list], config, key
     place = {lane: k for k, lane in enumerate(order)}  # caller's index -> stack position
     states = {prefix: [OrderedDict((n, located[place[i]][0][prefix + n]
                                     [located[place[i]][1]].detach().clone()) for n in names)
-                       for i in range(len(lanes))]
-              for prefix in starts}
+                       for i in range(len(lanes))] for prefix in starts}
     return states, [means[place[i]] for i in range(len(lanes))]
 
 
@@ -276,11 +270,10 @@ def _cached_step(task, config, num_clients: int, prefixes: tuple, key: tuple, ma
                 config.momentum, config.weight_decay, config.batch_size)
     if full_key not in (cache := task.backend_cache):
         ctx = StepContext()
-        model = vmap_ready(task.model_factory(), ctx)
-        model.train()
-        step = make_step(model, ctx, make_objective(), prefixes, lr=config.lr,
+        model = vmap_ready(task.model_factory(), ctx).train()
+        step = make_step(model, ctx, make_objective(), prefixes, lr=config.lr, ascent=ascent,
                          momentum=config.momentum, weight_decay=config.weight_decay,
-                         ascent=ascent, stacked_losses=stacked_losses)
+                         stacked_losses=stacked_losses)
         if config.compile != "off":
             # The first call compiles: 20 s (CNN) to 4 min (LSTM) on a 2-core CPU.
             tqdm.write(f"flnotes: compiling the training step of {num_clients} clients "
@@ -388,8 +381,7 @@ def make_step(model: torch.nn.Module, ctx: StepContext, objective: Callable,
                 base = prefix + name
                 tracked = new_buffers[f"{base}.num_batches_tracked"]
                 tracked_now = tracked + active.to(tracked.dtype)
-                rm = new_buffers[f"{base}.running_mean"]
-                rv = new_buffers[f"{base}.running_var"]
+                rm, rv = new_buffers[f"{base}.running_mean"], new_buffers[f"{base}.running_var"]
                 new_mean, new_var = running_stat_updates(
                     rm, rv, tracked_now, mean, var, bn_modules[name].bn_momentum)
                 new_buffers[f"{base}.num_batches_tracked"] = tracked_now
