@@ -68,8 +68,7 @@ def local_sgd(model: nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor,
               anchor: dict[str, torch.Tensor] | None = None,
               local_gradient: Callable[[dict, Callable], torch.Tensor] | None = None,
               teacher: nn.Module | None = None, teacher_loss: Callable | None = None,
-              batch_loss: Callable | None = None,
-              ) -> tuple[OrderedDict[str, torch.Tensor], float]:
+              batch_loss: Callable | None = None) -> tuple[OrderedDict[str, torch.Tensor], float]:
     """Mini-batch SGD from ``start``; returns the trained state and the mean empirical loss.
 
     ``penalty(params, anchor)`` is added to the loss; ``anchor`` defaults to ``start``.
@@ -143,7 +142,6 @@ def train_clients_loop(
             anchor=strategy.penalty_anchor(start, client) if penalty is not None else None,
             local_gradient=local_gradient, teacher=teacher,
             teacher_loss=strategy.teacher_loss if teacher is not None else None,
-            batch_loss=strategy.batch_loss(round, client) if strategy.has_batch_loss else None,
-        )
+            batch_loss=strategy.batch_loss(round, client) if strategy.has_batch_loss else None)
         results.append(ClientResult(client, state, len(y), loss))
     return results
