@@ -7,11 +7,8 @@ the ``loop`` backend's (float tolerance) because:
 
 - each client's batches are exactly :func:`flnotes.engine.train.batch_schedule` with its own
   :func:`flnotes.engine.train.client_generator`;
-- clients are ordered by their number of steps (most first), so at step t the clients
-  still training are a prefix of the stack: eagerly, finished clients leave the stack;
-  a compiled step keeps them, frozen by a client mask (one shape, one compilation);
-- a short last batch is padded to the batch size and masked: the loss is the mean over
-  its real rows and BatchNorm uses the statistics of its real rows;
+- a short last batch is padded and masked, and a finished client is frozen by a client
+  mask or leaves the stack (:mod:`flnotes.engine.batched.stacked` says how);
 - the update is torch.optim.SGD's: d = g + wd*p; buf = d on the first step, then
   buf = momentum*buf + d; p -= lr*buf;
 - BatchNorm running statistics are updated per client from the batch statistics
@@ -19,8 +16,7 @@ the ``loop`` backend's (float tolerance) because:
 
 This module splits a round into groups (halving them when a GPU runs out of memory);
 :mod:`flnotes.engine.batched.stacked` trains a group, or says once why a strategy's clients
-train on the loop instead (:func:`flnotes.engine.batched.stacked.trains_in_stack`: FedNTD,
-FedGen).
+train on the loop instead (:func:`flnotes.engine.batched.stacked.trains_in_stack`: FedNTD, FedGen).
 """
 
 from __future__ import annotations
@@ -46,15 +42,14 @@ def train_clients_vmap(task, strategy: Strategy, round: int, clients: list[int],
     done = 0
     while done < len(order):
         part = order[done : done + chunk]
-        too_big = False
         try:
             trained = train_group(task, strategy, round, [clients[i] for i in part],
                                   [starts[i] for i in part], config)
         except torch.cuda.OutOfMemoryError:
             if chunk == 1:
                 raise
-            too_big = True
-        if too_big:
+            trained = None
+        if trained is None:
             # K models did not fit: a group is a pure function of its inputs, so retry the
             # same clients in halves (the results do not depend on the grouping). Freed
             # here: the except clause's traceback still held the group's tensors.
