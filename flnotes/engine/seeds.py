@@ -98,8 +98,7 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
         for sim in sims:
             sim.release()
         raise
-    waiting = [sim for sim in sims if sim.running]
-    first = min((sim.start_round for sim in waiting), default=config.rounds + 1)
+    first = min((sim.start_round for sim in sims if sim.running), default=config.rounds + 1)
     bar = tqdm(range(first, config.rounds + 1), desc=f"{config.algorithm} x{len(sims)} seeds",
                disable=not progress, initial=first - 1, total=config.rounds)
     try:
@@ -152,15 +151,11 @@ def share_identical_data(task, first):
     return task
 
 
-def shares_stack(strategy) -> bool:
-    """Whether a strategy's clients can train in a stack with other seeds' clients."""
-    return not strategy.custom_local_update
-
-
 def train_plans(plans: list[tuple], rnd: int) -> list[list[ClientResult]]:
     """Each plan's (sim, clients, starts) trained; stackable plans as one computation."""
     out: list[list[ClientResult] | None] = [None] * len(plans)
-    stackable = [i for i, (sim, _, _) in enumerate(plans) if shares_stack(sim.strategy)]
+    # Plans whose clients can train in a stack with other seeds' clients (not FML's).
+    stackable = [i for i, (sim, _, _) in enumerate(plans) if not sim.strategy.custom_local_update]
     # Once S x K models did not fit, later rounds go run by run at once.
     cache = plans[stackable[0]][0].task.backend_cache if stackable else {}
     if stackable and not cache.get("seed-stack-too-big"):
