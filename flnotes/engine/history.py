@@ -103,8 +103,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     try:
         lines = Path(path).read_text().splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}"
-                         ) from None
+        raise ValueError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
