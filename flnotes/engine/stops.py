@@ -82,9 +82,8 @@ def check_stop() -> None:
 def exit_code(stop: KeyboardInterrupt) -> int:
     """The exit status of a command stopped by Ctrl-C (130), SIGTERM (143) or its output's
     reader going away (141)."""
-    if isinstance(stop, ReaderLeft):
-        return EXIT_READER_LEFT
-    return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+    return (EXIT_READER_LEFT if isinstance(stop, ReaderLeft)
+            else EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED)
 
 
 @contextlib.contextmanager
