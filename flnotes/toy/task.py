@@ -34,7 +34,6 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -49,9 +48,6 @@ from flnotes.toy.landscapes import (
     make_federation,
     top_eigenvalue,
 )
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_START = {"fedmut-fig1": (-0.6, -0.7), "fedmut-fig2": (0.5, 0.3)}  # near the ravines
 TOY_KEYS = ("landscape", "noise", "start", "start_jitter", "samples_per_client")
@@ -72,10 +68,9 @@ class ToyModel(nn.Module):
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (B, 3) = [client, noise_x, noise_y] -> loss (B, 1) = L_client + noise . p."""
-        point = torch.stack([self.x, self.y])
+        point = self.point()
         losses = self.federation.client_losses(point)  # (C,): one call for all clients
-        out = losses[rows[:, 0].long()] + rows[:, 1:] @ point
-        return out.unsqueeze(1)
+        return (losses[rows[:, 0].long()] + rows[:, 1:] @ point).unsqueeze(1)
 
 
 def toy_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -174,13 +169,11 @@ def _shared_federation(landscape: str, num_clients: int, shape: dict) -> Federat
                json.dumps(shape, sort_keys=True))
     except TypeError:  # an option JSON cannot hold: built each time
         return make_federation(landscape, num_clients=num_clients, **shape)
-    federation = _FEDERATIONS.get(key)
-    if federation is None:
-        federation = make_federation(landscape, num_clients=num_clients, **shape)
-        _FEDERATIONS[key] = federation
+    if key not in _FEDERATIONS:
+        _FEDERATIONS[key] = make_federation(landscape, num_clients=num_clients, **shape)
         while len(_FEDERATIONS) > 32:
             _FEDERATIONS.pop(next(iter(_FEDERATIONS)), None)
-    return federation
+    return _FEDERATIONS[key]
 
 
 def build_task(config) -> ToyTask:
@@ -205,12 +198,8 @@ def build_task(config) -> ToyTask:
     parts = [torch.arange(c * n, (c + 1) * n) for c in range(config.num_clients)]
     train_parts, test_parts = split_clients(parts, config.client_test_fraction or 0.0,
                                             config.seed)
-
-    def model_factory() -> ToyModel:
-        return ToyModel(federation, start)
-
     return ToyTask(
-        name="toy", model_factory=model_factory, train_x=rows,
+        name="toy", model_factory=lambda: ToyModel(federation, start), train_x=rows,
         train_y=torch.zeros(len(rows), dtype=torch.long), client_indices=train_parts,
         test_x=rows[:: n], test_y=torch.zeros(config.num_clients, dtype=torch.long),
         num_classes=1, client_test_indices=test_parts, loss_fn=toy_loss, federation=federation,
