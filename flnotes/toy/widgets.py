@@ -90,10 +90,9 @@ class Explorer:
         self.busy = {name: W.HTML("", layout=W.Layout(margin="0 0 0 4px", min_width="70px"))
                      for name in self.controls}
         self.note = W.HTML("")
-        self.box = W.VBox([W.HTML(f"<b>{title}</b>")] if title else [])
-        self.box.children += (self.note,)
-        self.box.children += tuple(W.HBox([control, self.busy[name], self.reasons[name]])
-                                   for name, control in self.controls.items())
+        self.box = W.VBox([*([W.HTML(f"<b>{title}</b>")] if title else []), self.note,
+                           *(W.HBox([control, self.busy[name], self.reasons[name]])
+                             for name, control in self.controls.items())])
         self._handle = None
         self._quiet = False  # True while follow() moves controls: one redraw, not several
         self.last_png: bytes | None = None  # the image the last redraw showed
@@ -148,7 +147,6 @@ class Explorer:
 
     def refresh(self, change=None) -> bytes | None:
         """Redraw for the current values; update the displayed image if there is one."""
-
         if self._quiet:
             return None
         self.moves += 1
@@ -194,7 +192,6 @@ class Explorer:
 
     def _show(self, png: bytes) -> None:
         """Show the whole picture of the current values, with its line."""
-
         self.update_note()
         self.last_png = png
         if self._handle is not None:
@@ -203,7 +200,6 @@ class Explorer:
     def _take_preview_down(self, reason: str = "") -> None:
         """After a failed or interrupted redraw: the last whole picture again, and
         ``reason`` (or the figure's own line) instead of "the others are running"."""
-
         if self.last_preview is None:
             return
         self.update_note()
@@ -228,7 +224,6 @@ class Explorer:
     def _start_background(self, loop, busy) -> None:
         """``prepare`` the current values in a worker thread; the kernel's ``loop`` then
         draws them (quick now) on the main thread, where matplotlib and the widgets live."""
-
         values, move, stop = self.values(), self.moves, threading.Event()
 
         def work() -> None:
@@ -344,7 +339,6 @@ def _settle_garbage_collector() -> None:
     it scans only what was made since. The cost: an object alive at that moment that later
     becomes garbage *in a cycle* is not collected (freed by reference counting otherwise);
     garbage that exists then is collected first."""
-
     global _GC_SETTLED
     if not _GC_SETTLED:
         _GC_SETTLED = True
@@ -503,7 +497,6 @@ class Scene:
         figure (the first picture of every new figure lost its titles until the next move
         set them again). Their places before the draw are put back after it.
         """
-
         shown = [artist.get_visible() for artist in hidden]
         placed = [(artist, artist.get_position()) for artist in hidden
                   if isinstance(artist, Text)]
@@ -535,14 +528,12 @@ BASELINE = "fedavg"
 
 def reads(method: str, *settings: str) -> bool:
     """True when ``method`` declares every one of ``settings`` (so a slider for them applies)."""
-
     return set(settings) <= set(settings_of(method))
 
 
 def renamed_note(method: str, old: str) -> str:
     """' (fedup's own alpha is fedup_alpha, ...)' when the method once called a setting
     ``old`` (its declaration's old_names), else ''."""
-
     for setting in settings_of(method).values():
         if old in setting.old_names:
             return f" (its own {old}, {setting.name}, is another setting: {setting.help})"
@@ -551,7 +542,6 @@ def renamed_note(method: str, old: str) -> str:
 
 def readers_text(setting: str) -> str:
     """'fedmut, fedqp': the methods that read a setting, for a disabled control's reason."""
-
     return ", ".join(readers(setting))
 
 
@@ -584,7 +574,6 @@ class MutationScene(Scene):
 
     def half(self, values: dict) -> float:
         """The zoom: the base half width, widened to frame everything the panels draw."""
-
         panels, clouds, scale, regions = self.panels(values)
         reach = [abs(scale * u) for u in self.update_]
         for points in [*panels.values(), *clouds.values(),
@@ -652,7 +641,6 @@ class MutationScene(Scene):
 def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp_prob: float,
                      kind: str, layerwise: bool, num_models: int, seed: int):
     """(panels, clouds, arrow scale, regions) of the mutation figure, kept per setting."""
-
     common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
     panels, clouds, regions = {}, {}, {}
     for title, p in ((f"FedMut ({kind})", 0.0), (f"FedQP ({kind}, p={qp_prob:.2f})", qp_prob)):
@@ -833,8 +821,7 @@ def _figure_runs(algorithm: str, lr: float, rounds: int, alpha: float, beta0: fl
     """{name: _toy_run(...)} of FedAvg and ``algorithm``: a training figure's runs, on one
     backend (:func:`_training_backend`)."""
     names = list(dict.fromkeys([BASELINE, algorithm]))
-    backend = _training_backend(names)
-    runs = {}
+    backend, runs = _training_backend(names), {}
     for name in names:
         # alpha and beta0 are the mutation's range and preference: only the methods that
         # declare them (FedMut, FedQP) get them.
@@ -859,7 +846,6 @@ def _training_backend(names: list[str]) -> str:
     rounding of two backends grows into visibly different paths, and a method that draws
     exactly FedAvg's path would not). The two clients as one stack where the stack trains
     every method shown (a third less time than the loop on the toy), else the loop."""
-
     return "vmap" if all(stack_trains(name) for name in names) else "loop"
 
 
@@ -871,7 +857,6 @@ def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, st
     widget callback would send only to JupyterLab's log console), kept for the explorer:
     moving alpha re-runs the mutation method only, FedAvg's run is reused (a run is a
     function of these values)."""
-
     extra = {"alpha": mutation[0], "beta0": mutation[1]} if mutation else {}
     # Evaluated once, after the last round: the picture needs the recorded states of every
     # round but the evaluation (a Hessian per round) of the last only.
@@ -888,7 +873,6 @@ def training_note(values: dict) -> str:
     """Said beside the figure when the chosen method draws a copy of FedAvg's path: its
     extra term has nothing to act on in the toy (no classifier head, one output), with the
     reason the method gave, if it gave one."""
-
     method = values["algorithm"]
     if method == BASELINE:
         return ""
@@ -906,7 +890,6 @@ def training_note(values: dict) -> str:
 
 def training_explorer(**defaults) -> Explorer:
     """Sliders for the learning rate, rounds, alpha, beta0, the client shift and the start."""
-
     d = {"algorithm": "fedmut", "lr": 0.1, "rounds": 20, "alpha": 4.0, "beta0": 0.3,
          "shift": 1.0, "start_x": -0.6, "start_y": -0.7, **defaults}
     controls = {
@@ -937,13 +920,11 @@ def training_explorer(**defaults) -> Explorer:
 @lru_cache(maxsize=64)
 def _minima_of(sharp_width: float):
     """The flat and sharp minima of the training loss, computed once per well width."""
-
     return flat_and_sharp_minima(flat_and_sharp(sharp_width=sharp_width))
 
 
 def draw_shift(test_shift: float = 0.3, sharp_width: float = 0.2) -> Figure:
     """Train loss vs a test loss moved by ``test_shift``: the sharp minimum pays much more."""
-
     train = flat_and_sharp(sharp_width=sharp_width)
     test = train.shifted((test_shift, 0.0))
     minima = _minima_of(float(sharp_width)).clone()  # the shift slider moves the test curve only
@@ -981,7 +962,6 @@ def shift_explorer(**defaults) -> Explorer:
 
 def own_alpha(method: str) -> float | None:
     """A method's own default mutation range (its declared setting), None if it has none."""
-
     return settings_of(method)["alpha"].default if reads(method, "alpha") else None
 
 
@@ -1018,10 +998,8 @@ def _race_jobs(algorithm: str, alpha: float | None, lr: float, rounds: int, seed
     common = {"seeds": int(seeds), "lr": float(lr), "rounds": int(rounds), **dict(options or {})}
     # the mutation range goes to FedMut/FedQP only; FedAvg's rows do not depend on it
     mutation = {"alpha": float(alpha)} if reads(algorithm, "alpha") else {}
-    jobs = [(BASELINE, common)]
-    if algorithm != BASELINE:
-        jobs.append((algorithm, {**common, **mutation}))
-    return jobs
+    return [(BASELINE, common), *([(algorithm, {**common, **mutation})]
+                                  if algorithm != BASELINE else [])]
 
 
 def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
@@ -1030,7 +1008,6 @@ def race_rows(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 
     """FedAvg's and ``algorithm``'s final rows over ``seeds`` runs (see :func:`draw_race`).
     :func:`flnotes.toy.race` keeps each method's rows per setting: changing the method or
     alpha re-runs that method only, and notebook 04's table race is read back."""
-
     return [row for name, keywords in _race_jobs(algorithm, alpha, lr, rounds, seeds, options)
             for row in race([name], **keywords)]
 
@@ -1039,7 +1016,6 @@ def race_rows_kept(algorithm: str = "fedqp", alpha: float | None = None, lr: flo
                    rounds: int = 15, seeds: int = RACE_SEEDS,
                    options: Mapping | None = None) -> bool:
     """Whether every race of this picture is kept (it redraws at once)."""
-
     return all(kept_race(name, **keywords)
                for name, keywords in _race_jobs(algorithm, alpha, lr, rounds, seeds, options))
 
@@ -1057,7 +1033,6 @@ def preview_seeds(algorithm: str, rounds: int = 15) -> int:
     races of more than 15 rounds, never fewer than 2 (a stacked round costs nearly the same
     whatever the seeds: at 40 rounds 3 seeds took 0.35 s on a 2-core CPU, 2 seeds 0.28 s,
     against 0.22 s for 10 seeds at 15 rounds)."""
-
     first = PREVIEW_SEEDS if stack_trains(algorithm) else PREVIEW_SEEDS_ONE_BY_ONE
     return max(2, round(first * (15 / max(15, int(rounds))) ** 2))
 
@@ -1082,7 +1057,6 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
     It starts where notebook 04's table stands: the method's own alpha (its declared
     default, which the slider takes again whenever the method changes) and as many seeds.
     """
-
     options = dict(options or {})  # one copy: the figure, the preview and the races agree
     d = {"algorithm": "fedqp", "lr": 0.1, "rounds": 15, "seeds": RACE_SEEDS, **defaults}
     d.setdefault("alpha", own_alpha(d["algorithm"]) or 0.0)
