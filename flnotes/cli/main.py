@@ -58,11 +58,8 @@ methods (every method, its module and paper tables).
 
 
 def _parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off"}:
-        return False
+    if text.lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        return text.lower() in {"1", "true", "yes", "on"}
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
