@@ -206,7 +206,6 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     table = spec.get("paper_table")
     if table is not None:
         from flnotes.repro.paper_tables import paper_table_names  # lazy: pandas, not for workers
-
         if table not in paper_table_names():
             problems.append(f"unknown paper_table {table!r}; known: {paper_table_names()}")
     if not isinstance(seeds, list) or not seeds or not all(
@@ -360,13 +359,10 @@ def _origin(message: str, cell: Cell, fixed: dict, axes: dict, overrides: dict) 
 def _mapping(spec: dict, key: str, problems: list[str], prefix: str = "") -> dict:
     """spec[key] as a dict ({} if absent); a problem if it is there but not a mapping."""
     value = spec.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
+    if value is not None and not isinstance(value, dict):
         problems.append(f"'{prefix}{key}' must be a mapping (name: value, ...), got "
                         f"{value!r}")
-        return {}
-    return dict(value)
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def _name_problems(cell: Cell) -> list[str]:
