@@ -36,16 +36,9 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 WEIGHTINGS = ("samples", "uniform")
 
 # Model used when `model` is None, by dataset.
-DEFAULT_MODEL = {
-    "synthetic": "mlp",
-    "toy": "toy",
-    "cifar10": "cnn",
-    "cifar100": "cnn",
-    "mnist": "mlp",
-    "fashion-mnist": "mlp",
-    "shakespeare": "lstm",
-    "femnist": "femnist-cnn",
-}
+DEFAULT_MODEL = {"synthetic": "mlp", "toy": "toy", "cifar10": "cnn", "cifar100": "cnn",
+                 "mnist": "mlp", "fashion-mnist": "mlp", "shakespeare": "lstm",
+                 "femnist": "femnist-cnn"}
 
 
 @dataclass(frozen=True, init=False, eq=False)
@@ -119,9 +112,7 @@ class RunConfig:
         given = self.__dict__.get("method_settings", {})
         if name in given:
             return given[name]
-        algorithm = self.__dict__.get("algorithm")
-        setting = declared.get(algorithm) or next(iter(declared.values()))
-        return setting.default
+        return _declared(declared, self.__dict__.get("algorithm")).default
 
     def settings_read(self) -> dict[str, Any]:
         """The chosen method's settings and their values (given or default), in order."""
@@ -130,7 +121,6 @@ class RunConfig:
     # ---- derived values -------------------------------------------------------
     def resolved(self) -> RunConfig:
         """A copy with every ``None`` default filled in for this algorithm and dataset."""
-
         cls = algorithm_class(self.algorithm)
         changes: dict[str, Any] = {}
         if self.model is None:
@@ -149,10 +139,8 @@ class RunConfig:
         Settings given before are carried over; with another ``algorithm`` the new method
         reads its own and ignores the rest (a base config for several methods).
         """
-        values = {**self.__dict__["_given"], **changes}
-        config = RunConfig.__new__(RunConfig)
-        _build(config, values, strict=False)
-        return config
+        return _build(RunConfig.__new__(RunConfig), {**self.__dict__["_given"], **changes},
+                      strict=False)
 
     def check_device(self) -> None:
         """Raise ValueError if this machine cannot run on ``device`` (e.g. 'cuda' without a GPU).
@@ -160,8 +148,7 @@ class RunConfig:
         Not part of validation on construction: a config written by a GPU run must still
         load on a CPU machine (to plot or tabulate it); only running it needs the device.
         """
-        problem = _device_problem(self.device)
-        if problem:
+        if problem := _device_problem(self.device):
             raise ValueError(problem)
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,9 +183,7 @@ class RunConfig:
         """
         if not isinstance(values, dict):
             raise ValueError(f"a RunConfig is built from a dict, got {type(values).__name__}")
-        config = cls.__new__(cls)
-        _build(config, dict(values), strict=strict)
-        return config
+        return _build(cls.__new__(cls), dict(values), strict=strict)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> RunConfig:
@@ -208,7 +193,6 @@ class RunConfig:
         may carry several methods' values: fedmut-paper with algorithm='fedprox');
         ``overrides`` are the caller's own, so an unread one is an error.
         """
-
         if name not in preset_names():
             raise ValueError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; "
                              "list them with `python -m flnotes presets`")
@@ -219,17 +203,14 @@ class RunConfig:
             values.update(seed_code_baselines(overrides["dataset"],
                                               SEED_REPOSITORY.get(name) or "FedMR"))
         algorithm = overrides.get("algorithm", values.get("algorithm", "fedavg"))
-        values = only_read(values, algorithm)
-        values.update(overrides)
-        config = cls.__new__(cls)
-        _build(config, values, strict=bool(overrides), strict_names=set(overrides))
-        return config
+        values = {**only_read(values, algorithm), **overrides}
+        return _build(cls.__new__(cls), values, strict=bool(overrides),
+                      strict_names=set(overrides))
 
 
 def only_read(values: dict[str, Any], algorithm: str) -> dict[str, Any]:
     """``values`` without the method settings ``algorithm`` does not read (a preset's or a
     grid's values for several methods); common fields and unknown names stay (to be refused)."""
-
     if algorithm not in algorithm_names():
         return dict(values)
     read = _method_settings(algorithm)
@@ -243,7 +224,6 @@ def common_field_names() -> list[str]:
 
 def field_names() -> list[str]:
     """Every name a config may be given: the common fields, then each method setting."""
-
     return common_field_names() + list(all_settings())
 
 
@@ -260,10 +240,14 @@ def _declarations(name: str) -> dict | None:
     return all_settings().get(name)
 
 
+def _declared(declared: dict, algorithm: Any):
+    """The declaration that applies: ``algorithm``'s if it reads the setting, else the first."""
+    return declared.get(algorithm) or next(iter(declared.values()))
+
+
 def model_names() -> list[str]:
     """Every model name a config may use: the registered architectures and the toy's
     2-parameter model (built by the toy's own task, :mod:`flnotes.toy.task`)."""
-
     return sorted(set(registered()) | {"toy"})
 
 
@@ -279,13 +263,13 @@ def _plain(value: Any) -> Any:
 
 
 def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
-           strict_names: set[str] | None = None) -> None:
-    """Fill ``config`` from ``values`` (common fields and method settings) and validate it.
+           strict_names: set[str] | None = None) -> RunConfig:
+    """Fill ``config`` from ``values`` (common fields and method settings), validate it and
+    return it.
 
     ``strict``: a method setting given that the chosen method does not read is an error
     (only those in ``strict_names`` when that is given).
     """
-
     common = {f.name: f for f in fields(RunConfig) if f.name != "method_settings"}
     if "method_settings" in values:  # dataclasses.replace and old callers pass it whole
         nested = values.pop("method_settings") or {}
@@ -307,13 +291,8 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
             values[name] = os.fspath(values[name])
     object.__setattr__(config, "_given", dict(values))
     for name, f in common.items():
-        if name in values:
-            value = values[name]
-        elif f.default is not dataclasses.MISSING:
-            value = f.default
-        else:
-            value = f.default_factory()
-        object.__setattr__(config, name, value)
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        object.__setattr__(config, name, values.get(name, default))
     settings = {k: v for k, v in values.items() if k not in common}
     object.__setattr__(config, "method_settings", settings)
     known_algorithm = isinstance(config.algorithm, str) and config.algorithm in algorithm_names()
@@ -348,11 +327,11 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
         # warning for each cached function it met.
         for name, setting in read.items():
             object.__setattr__(config, name, settings.get(name, setting.default))
+    return config
 
 
 def _problems(c: RunConfig):
     """Yield one message per invalid field: the field, the value and what is allowed."""
-
     def bad(name: str, allowed: str) -> str:
         return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
 
@@ -407,13 +386,11 @@ def _problems(c: RunConfig):
     elif c.model == "toy" and c.dataset != "toy":
         yield bad("model", "'toy' is the toy dataset's 2-parameter model; choose one of "
                   f"{sorted(set(model_names()) - {'toy'})}")
-    if c.partition not in PARTITIONS:
-        yield bad("partition", f"choose one of {list(PARTITIONS)}")
-    if c.backend not in BACKENDS:
-        yield bad("backend", f"choose one of {list(BACKENDS)}")
-    if c.compile not in COMPILE_MODES:
-        yield bad("compile", f"choose one of {list(COMPILE_MODES)}")
-    elif c.compile != "off" and c.backend == "loop":
+    for name, allowed in (("partition", PARTITIONS), ("backend", BACKENDS),
+                          ("compile", COMPILE_MODES)):
+        if getattr(c, name) not in allowed:
+            yield bad(name, f"choose one of {list(allowed)}")
+    if c.compile in COMPILE_MODES and c.compile != "off" and c.backend == "loop":
         yield bad("compile", "compiles the vmap backend's step; use backend='vmap' or 'auto'")
     if c.weighting is not None and c.weighting not in WEIGHTINGS:
         yield bad("weighting", f"choose one of {list(WEIGHTINGS)} (or None for the default)")
@@ -424,14 +401,11 @@ def _problems(c: RunConfig):
                 c.dataset]:  # a composed dataset's options go to every task's loader
             yield from data_option_problems(name, c.data_options)
     for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
-                 "eval_every", "eval_batch_size", "checkpoint_every", "shards_per_client"):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            yield bad(name, "must be a positive integer")
-    for name in ("min_client_size", "seed"):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            yield bad(name, "must be a non-negative integer")
+                 "eval_every", "eval_batch_size", "checkpoint_every", "shards_per_client",
+                 "min_client_size", "seed"):
+        value, low = getattr(c, name), 0 if name in ("min_client_size", "seed") else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            yield bad(name, f"must be a {'non-negative' if low == 0 else 'positive'} integer")
     if isinstance(c.num_clients, int) and isinstance(c.clients_per_round, int):
         if c.clients_per_round > c.num_clients:
             yield (f"RunConfig.clients_per_round={c.clients_per_round} is invalid: it cannot "
@@ -454,13 +428,8 @@ def _problems(c: RunConfig):
         yield bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     # Each given method setting against its declaration (the chosen method's, if it reads
     # it), then the chosen method's own checks across its settings.
-    setting_problems = []
-    for name, value in c.method_settings.items():
-        declared = _declarations(name)
-        setting = declared.get(c.algorithm) or next(iter(declared.values()))
-        problem = setting.problem(value)
-        if problem:
-            setting_problems.append(bad(name, problem))
+    setting_problems = [bad(name, problem) for name, value in c.method_settings.items()
+                        if (problem := _declared(_declarations(name), c.algorithm).problem(value))]
     yield from setting_problems
     if cls is not None and not setting_problems:  # its checks may assume well-typed values
         yield from cls.config_problems(c)
@@ -474,11 +443,8 @@ def _is_number(value: Any) -> bool:
 
 def _device_problem(device: str) -> str | None:
     """Why this machine cannot run on a (well-formed) device, or None if it can."""
-
-    if device == "auto":
-        return None
-    target = torch.device(device)
-    if target.type != "cuda":
+    target = None if device == "auto" else torch.device(device)
+    if target is None or target.type != "cuda":
         return None
     if not torch.cuda.is_available():
         return (f"RunConfig.device={device!r} is invalid on this machine: "
@@ -491,11 +457,8 @@ def _device_problem(device: str) -> str | None:
 
 
 def _valid_device(device: str) -> bool:
-    if device == "auto":
-        return True
-
     try:
         torch.device(device)
     except (RuntimeError, ValueError):
-        return False
+        return device == "auto"
     return True
