@@ -153,8 +153,7 @@ def _settings_constructor(cls: type[DropInStrategy]) -> Callable:
     def __init__(self, **kwargs: Any) -> None:
         bound = signature.bind(self, **kwargs)
         bound.apply_defaults()
-        given = dict(bound.arguments)
-        given.pop("self")
+        given = {name: value for name, value in bound.arguments.items() if name != "self"}
         settings = {declared[name].name: given.pop(name) for name in declared}
         super(cls, self).__init__(settings, **given)  # the next class in a user's MRO too
 
@@ -170,9 +169,8 @@ class DropInStrategy(FedAvg):
     seed of every draw; ``weighting``: ``"uniform"``, ``"samples"`` or None (the method's
     default); ``state_file``: a file to keep the run's state in, written after every round
     and read by ``start`` (see :meth:`start`). The other keywords are Flower FedAvg's
-    (:data:`FEDAVG_ARGUMENTS`, with FedAvg's defaults), passed on unchanged:
-    ``fraction_train``, ``fraction_evaluate``,
-    ``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``,
+    (:data:`FEDAVG_ARGUMENTS`, with FedAvg's defaults), passed on unchanged: ``fraction_train``,
+    ``fraction_evaluate``, ``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``,
     ``weighted_by_key``, ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
     ``evaluate_metrics_aggr_fn``.
     """
@@ -183,7 +181,6 @@ class DropInStrategy(FedAvg):
     fixed_federation = False
     # constructor argument -> flnotes setting, where the names differ (FedExP's eps)
     renamed: dict[str, str] = {}
-
     # settings of the method a drop-in does not offer (see the module doc)
     not_offered: tuple[str, ...] = ()
 
@@ -209,12 +206,10 @@ class DropInStrategy(FedAvg):
                  configrecord_key: str = _fedavg("configrecord_key"),
                  train_metrics_aggr_fn: MetricsAggregation | None = None,
                  evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
-        super().__init__(fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes, weighted_by_key=weighted_by_key,
+                         arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
                          train_metrics_aggr_fn=train_metrics_aggr_fn,
                          evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         self.settings = dict(settings)
@@ -262,25 +257,26 @@ class DropInStrategy(FedAvg):
                          "" if self.resumed_round < num_rounds else
                          f"; it is past num_rounds={num_rounds}, so no round is run")
         if self.resumed_round and evaluate_fn is not None:
-            evaluate_fn = self._evaluating_after(self.resumed_round, evaluate_fn)
+            # from round resumed + 1 on: the earlier rounds, round 0's initial model included,
+            # were evaluated by the run that wrote the state file
+            resumed, evaluate = self.resumed_round, evaluate_fn
+            evaluate_fn = lambda rnd, arrays: None if rnd <= resumed else evaluate(rnd, arrays)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn)
 
-    @staticmethod
-    def _evaluating_after(resumed: int, evaluate_fn: Callable) -> Callable:
-        """``evaluate_fn`` from round ``resumed + 1`` on: the earlier rounds, round 0's
-        initial model included, were evaluated by the run that wrote the state file."""
-        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-            return None if server_round <= resumed else evaluate_fn(server_round, arrays)
-        return evaluate
+    def _identity(self) -> dict[str, Any]:
+        """What a state file must match to be this run's."""
+        return {"method": self.method, "settings": self.settings, "seed": self.seed,
+                "weighting": self.weighting}
 
     def _save(self, server_round: int) -> None:
-        """The state after ``server_round``, written atomically (see :meth:`start`)."""
-        saved = {"method": self.method, "settings": self.settings, "seed": self.seed,
-                 "weighting": self.weighting, "round": server_round,
-                 "arrays": record_state(self._arrays), "strategy": self.strategy.state_dict(),
-                 "nodes": list(self.nodes), "clients_per_round": self.clients_per_round,
-                 "sizes": dict(self.sizes)}
+        """With a ``state_file``, the state after ``server_round``, written atomically (see
+        :meth:`start`)."""
+        if self.state_file is None:
+            return
+        saved = {**self._identity(), "round": server_round, "arrays": record_state(self._arrays),
+                 "strategy": self.strategy.state_dict(), "nodes": list(self.nodes),
+                 "clients_per_round": self.clients_per_round, "sizes": dict(self.sizes)}
         write_atomically(self.state_file, lambda f: torch.save(saved, f))
 
     def _restore(self, path: Path) -> None:
@@ -293,9 +289,7 @@ class DropInStrategy(FedAvg):
             raise ValueError(f"{type(self).__name__}'s state_file {path} cannot be read "
                              f"({type(err).__name__}: {str(err).splitlines()[0]}); delete it "
                              "to start over") from None
-        ours = {"method": self.method, "settings": self.settings, "seed": self.seed,
-                "weighting": self.weighting}
-        differs = [f"{k}={saved.get(k)!r}, not {v!r}" for k, v in ours.items()
+        differs = [f"{k}={saved.get(k)!r}, not {v!r}" for k, v in self._identity().items()
                    if saved.get(k) != v]
         if differs:
             raise ValueError(f"{type(self).__name__}'s state_file {path} is another run's "
@@ -303,8 +297,7 @@ class DropInStrategy(FedAvg):
                              "start over")
         self.nodes = [int(n) for n in saved["nodes"]]
         self.clients_per_round = int(saved["clients_per_round"])
-        config = self._run_config(num_clients=len(self.nodes),
-                                  clients_per_round=self.clients_per_round)
+        config = self._run_config(len(self.nodes), self.clients_per_round)
         self.strategy = build_strategy(config, saved["strategy"]["global_state"])
         self.strategy.load_state_dict(saved["strategy"])
         self.sizes = {int(c): float(w) for c, w in saved["sizes"].items()}
@@ -324,9 +317,7 @@ class DropInStrategy(FedAvg):
 
     def _message(self, text: str) -> str:
         """A RunConfig message in this class's words: FedMut(alpha=-1.0) is invalid: ..."""
-        argument = {flnotes: ours for ours, flnotes in self.renamed.items()}
-        name = type(self).__name__
-        ours = lambda m: argument.get(m.group(1), m.group(1))  # noqa: E731
+        name, ours = type(self).__name__, lambda m: self._argument(m.group(1))
         text = re.sub(r"RunConfig\.(\w+)=(\S*) is",
                       lambda m: f"{name}({ours(m)}={m.group(2)}) is", text)
         text = re.sub(r"RunConfig\.(\w+)", lambda m: f"{name}'s {ours(m)}", text)
@@ -343,8 +334,7 @@ class DropInStrategy(FedAvg):
         size = min(max(int(len(nodes) * self.fraction_train), self.min_train_nodes), len(nodes))
         self.nodes = nodes
         self.clients_per_round = max(size, 1)
-        config = self._run_config(num_clients=len(nodes),
-                                  clients_per_round=self.clients_per_round)
+        config = self._run_config(len(nodes), self.clients_per_round)
         try:
             self.strategy = build_strategy(config, record_state(arrays))
         except ValueError as err:
@@ -373,12 +363,11 @@ class DropInStrategy(FedAvg):
         sizes = [self.sizes.get(c, fallback) for c in range(n)]
         clients = self.strategy.select_clients(
             server_round, sizes, size, torch_generator(self.seed, "sample", server_round))
-        if clients is None:
-            positions = sample_clients(SimpleNamespace(seed=self.seed,
-                                                       num_clients=len(available),
-                                                       clients_per_round=size), server_round)
-            clients = [available[p] for p in positions]
-        return clients
+        if clients is not None:
+            return clients
+        sampling = SimpleNamespace(seed=self.seed, num_clients=len(available),
+                                   clients_per_round=size)
+        return [available[p] for p in sample_clients(sampling, server_round)]
 
     # ---- Flower's hooks -------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -404,19 +393,14 @@ class DropInStrategy(FedAvg):
         log.info("configure_train: %s sent %d models to %d of %d connected nodes",
                  type(self).__name__, len({id(s) for s in starts}), len(clients),
                  len(available))
-        records: dict[int, ArrayRecord] = {}  # one record per distinct start model
-        messages = []
-        for client, start in zip(clients, starts, strict=True):
-            if id(start) not in records:
-                records[id(start)] = state_record(start)
-            settings = ConfigRecord(dict(config))
-            settings["server-round"] = server_round
-            content = RecordDict({self.arrayrecord_key: records[id(start)],
-                                  self.configrecord_key: settings})
-            messages.append(Message(content=content, message_type=MessageType.TRAIN,
-                                    dst_node_id=self.nodes[client]))
+        # one record per distinct start model
+        records = {id(s): state_record(s) for s in {id(s): s for s in starts}.values()}
         self._sent = (server_round, {self.nodes[c]: c for c in clients})
-        return messages
+        return [Message(content=RecordDict({self.arrayrecord_key: records[id(start)],
+                                            self.configrecord_key: ConfigRecord(
+                                                {**config, "server-round": server_round})}),
+                        message_type=MessageType.TRAIN, dst_node_id=self.nodes[client])
+                for client, start in zip(clients, starts, strict=True)]
 
     def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None,
                                                                       MetricRecord | None]:
@@ -426,8 +410,7 @@ class DropInStrategy(FedAvg):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if self._sent is None or self._sent[0] != server_round:
             return None, None
-        client_of = self._sent[1]
-        self._sent = None
+        client_of, self._sent = self._sent[1], None
         results = []
         names = list(self.strategy.global_state)
         for reply in valid:
@@ -448,27 +431,23 @@ class DropInStrategy(FedAvg):
             loss = float(metrics.get("train_loss", math.nan))
             results.append(ClientResult(client, state, weight, loss, {}))
         if not results:
-            if self.state_file is not None:  # the round is over, the model unchanged
-                self._save(server_round)
+            self._save(server_round)  # the round is over, the model unchanged
             return None, None
         results.sort(key=lambda r: r.client)  # the engine's order: a sum's order decides bits
         state = self.strategy.aggregate(server_round, results)
         metrics = self.train_metrics_aggr_fn([r.content for r in valid
                                               if r.metadata.src_node_id in client_of],
                                              self.weighted_by_key)
-        for name, value in self.strategy.round_metrics(None).items():
-            metrics[name] = float(value)
+        metrics.update({k: float(v) for k, v in self.strategy.round_metrics(None).items()})
         self._arrays = state_record(state)
-        if self.state_file is not None:
-            self._save(server_round)
+        self._save(server_round)
         return self._arrays, metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> list[Message]:
         """FedAvg's, except for the rounds run before a restart (nothing)."""
-        if server_round <= self.resumed_round:
-            return []
-        return list(super().configure_evaluate(server_round, arrays, config, grid))
+        return ([] if server_round <= self.resumed_round
+                else list(super().configure_evaluate(server_round, arrays, config, grid)))
 
     def summary(self) -> None:
         """FedAvg's summary, after the method and its settings."""
@@ -512,9 +491,8 @@ class _OneModelPerClient(DropInStrategy):
 
     def _sample_size(self, server_round: int) -> int:
         """K; after a failed reply, as many clients as there are models kept."""
-        kept = getattr(self.strategy, self.kept)
-        if self._keeps(server_round) and len(kept) < self.clients_per_round:
-            return len(kept)
+        if self._keeps(server_round):
+            return min(len(getattr(self.strategy, self.kept)), self.clients_per_round)
         return self.clients_per_round
 
     def _select(self, server_round: int, available: list[int]) -> list[int]:
@@ -571,7 +549,6 @@ class FedCross(_OneModelPerClient):
 
     method = "fedcross"
     renamed = {"alpha": "cross_alpha", "selection": "cross_selection"}
-
     kept = "middleware"
 
 
