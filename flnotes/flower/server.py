@@ -130,8 +130,7 @@ class FlowerStrategy(FlwrStrategy):
                                  f"({node_of[partition]} and {node}); give each its own")
             if partition < need:
                 node_of[partition] = node
-        missing = sorted(set(range(need)) - set(node_of))
-        if missing:
+        if missing := sorted(set(range(need)) - set(node_of)):
             raise ValueError(f"no Flower node has partition-id {missing[0]} "
                              f"({len(missing)} of num_clients={need} missing)")
         return node_of
@@ -149,10 +148,9 @@ class FlowerStrategy(FlwrStrategy):
         strategy = self.sim.strategy
         messages = []
         for client, start in zip(clients, starts, strict=True):
-            content = RecordDict({
-                "arrays": state_record(start),
-                "config": ConfigRecord({"server-round": server_round, "client": client,
-                                        "settings-hash": self.settings_hash})})
+            content = RecordDict({"arrays": state_record(start), "config": ConfigRecord(
+                {"server-round": server_round, "client": client,
+                 "settings-hash": self.settings_hash})})
             if strategy.has_penalty and not strategy.custom_local_update:
                 # What the penalty measures against, beyond the start state (FedUp: X^(t-1)
                 # under previous:<name>); the client puts it over its start state.
@@ -183,8 +181,7 @@ class FlowerStrategy(FlwrStrategy):
             loss = float(metrics.pop("train_loss"))
             by_client[client] = ClientResult(client, record_state(reply.content["arrays"],
                                                                   device), samples, loss, metrics)
-        missing = [c for c in clients if c not in by_client]
-        if missing:
+        if missing := [c for c in clients if c not in by_client]:
             raise RuntimeError(f"round {server_round}: no reply from client(s) {missing} "
                                f"within {self.timeout:g} s")
         results = [by_client[c] for c in clients]
@@ -240,10 +237,8 @@ def server_app(config: RunConfig | None = None, *, dtype: str | None = None, tas
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        settings: dict = {}
-        run_config = config
-        if run_config is None:
-            run_config, settings = config_from_run_config(context.run_config)
+        run_config, settings = ((config, {}) if config is not None
+                                else config_from_run_config(context.run_config))
         strategy = FlowerStrategy(run_config, task=task,
                                   dtype=dtype or settings.get("dtype", "float32"),
                                   timeout=settings.get("timeout", 600.0))
