@@ -81,9 +81,8 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
     app = ClientApp()
 
     def settings(context: Context) -> tuple[RunConfig, str]:
-        if config is not None:
-            return config, dtype or "float32"
-        run_config, app_settings = config_from_run_config(context.run_config)
+        run_config, app_settings = ((config, {}) if config is not None
+                                    else config_from_run_config(context.run_config))
         return run_config, dtype or app_settings.get("dtype", "float32")
 
     def check(message: Message, run_config: RunConfig) -> None:
@@ -141,7 +140,6 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
 
 def personal_accuracy(task, strategy, client: int) -> float:
     """FML: the client's personal model on its held-out rows (as FML.round_metrics)."""
-
     model = personal_factory(task, strategy.config.personal_models, client)()
     model.load_state_dict(strategy.personal[client])
     x, y = task.client_test_data(client)
