@@ -16,6 +16,7 @@ and :func:`~flnotes.flower.client_app` this way and returns the engine's History
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -42,7 +43,7 @@ class InProcessGrid(Grid):
                                        run_config=dict(run_config or {}))
             for k, node in enumerate(node_configs)}
         self._replies: dict[str, Message] = {}
-        self._sent = 0
+        self._ids = itertools.count(1)
         self._run = None
 
     def set_run(self, run) -> None:
@@ -61,12 +62,9 @@ class InProcessGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
-        for message in messages:
-            self._sent += 1
-            ids.append(str(self._sent))
-            self._replies[ids[-1]] = self._deliver(message)
-        return ids
+        replies = {str(next(self._ids)): self._deliver(message) for message in messages}
+        self._replies.update(replies)
+        return list(replies)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
