@@ -125,8 +125,7 @@ class RunConfig:
         changes: dict[str, Any] = {}
         if self.model is None:
             # A composed dataset ("cifar10+cifar100"): its first task's usual model.
-            first = self.dataset.split("+")[0].strip()
-            changes["model"] = DEFAULT_MODEL.get(first, "mlp")
+            changes["model"] = DEFAULT_MODEL.get(self.dataset.split("+")[0].strip(), "mlp")
         if self.weighting is None:
             changes["weighting"] = cls.default_weighting
         if self.client_test_fraction is None:
@@ -170,8 +169,7 @@ class RunConfig:
     __hash__ = None  # type: ignore[assignment]  # mutable data_options: not hashable
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
-        return f"RunConfig({inner})"
+        return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, strict: bool = False) -> RunConfig:
@@ -272,23 +270,20 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
     """
     common = {f.name: f for f in fields(RunConfig) if f.name != "method_settings"}
     if "method_settings" in values:  # dataclasses.replace and old callers pass it whole
-        nested = values.pop("method_settings") or {}
-        values = {**nested, **values}
-    unknown = sorted(n for n in values if n not in common and _declarations(n) is None)
-    if unknown:
+        values = {**(values.pop("method_settings") or {}), **values}
+    if unknown := sorted(n for n in values if n not in common and _declarations(n) is None):
         known = common_field_names() + sorted(set(field_names()) - set(common))
         hint = did_you_mean(unknown[0], known)
         raise ValueError(f"unknown RunConfig field(s) {unknown}{hint}; valid fields: {known}")
-    values = {k: _plain(v) for k, v in values.items()}
+    # a pathlib.Path (any os.PathLike) is the path it names
+    values = {k: os.fspath(v) if k in _PATH_FIELDS and isinstance(v, os.PathLike) else _plain(v)
+              for k, v in values.items()}
     if isinstance(values.get("data_options"), dict):  # np.int64(100) is the loader's 100
         values["data_options"] = {k: _plain(v) for k, v in values["data_options"].items()}
     # A method setting given as None takes its method's default (a notebook's parameter
     # "alpha = None  # the method's default"), unless None has a meaning of its own there.
     values = {k: v for k, v in values.items() if v is not None or k in common
               or any(s.none_means for s in _declarations(k).values())}
-    for name in _PATH_FIELDS:  # a pathlib.Path (any os.PathLike) is the path it names
-        if isinstance(values.get(name), os.PathLike):
-            values[name] = os.fspath(values[name])
     object.__setattr__(config, "_given", dict(values))
     for name, f in common.items():
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -420,9 +415,8 @@ def _problems(c: RunConfig):
     elif c.momentum != 0 and cls is not None and cls.own_momentum:
         yield bad("momentum", f"must be 0 for {c.algorithm}: it brings its own momentum "
                   f"({cls.own_momentum_note}), the local SGD none; leave momentum unset")
-    if c.client_test_fraction is not None and (
-        not _is_number(c.client_test_fraction) or not 0 <= c.client_test_fraction < 1
-    ):
+    if c.client_test_fraction is not None and (not _is_number(c.client_test_fraction)
+                                               or not 0 <= c.client_test_fraction < 1):
         yield bad("client_test_fraction", "must be in [0, 1) (or None for the default)")
     if not isinstance(c.device, str) or not _valid_device(c.device):
         yield bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
