@@ -81,16 +81,13 @@ def config_from_run_config(values: Mapping) -> tuple[RunConfig, dict]:
     config, app = {}, {}
     for key, value in values.items():
         name = key.replace("-", "_")
-        if name in APP_KEYS:
-            app[name] = value
-            continue
         if name in fields and fields[name].default_factory is dict and isinstance(value, str):
             try:
                 value = json.loads(value) if value.strip() else {}
             except json.JSONDecodeError as err:
                 raise ValueError(f"run config {key} = {value!r} is not a JSON object "
                                  f"({err.msg})") from None
-        config[name] = value
+        (app if name in APP_KEYS else config)[name] = value
     # An app's config is a template for several methods (stage1-rounds for FedMR beside
     # algorithm = "fedmut"), as a preset is: settings the method does not read are not used.
     run_config = RunConfig.from_dict(config)
