@@ -179,10 +179,8 @@ class DropInStrategy(FedAvg):
     # True when the method's state has one entry per client of a fixed population
     # (CluSamp): later nodes are then not numbered or sampled (see the module doc).
     fixed_federation = False
-    # constructor argument -> flnotes setting, where the names differ (FedExP's eps)
-    renamed: dict[str, str] = {}
-    # settings of the method a drop-in does not offer (see the module doc)
-    not_offered: tuple[str, ...] = ()
+    renamed: dict[str, str] = {}  # constructor argument -> flnotes setting (FedExP's eps)
+    not_offered: tuple[str, ...] = ()  # the method's settings not offered (see the module doc)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
