@@ -177,10 +177,9 @@ class FlowerStrategy(FlwrStrategy):
                                    f"{reply.metadata.src_node_id}: {_reason(reply)}")
             client = int(reply.content["config"]["client"])
             metrics = dict(reply.content["metrics"])
-            samples = int(metrics.pop("num-examples"))
-            loss = float(metrics.pop("train_loss"))
-            by_client[client] = ClientResult(client, record_state(reply.content["arrays"],
-                                                                  device), samples, loss, metrics)
+            state = record_state(reply.content["arrays"], device)
+            by_client[client] = ClientResult(client, state, int(metrics.pop("num-examples")),
+                                             float(metrics.pop("train_loss")), metrics)
         if missing := [c for c in clients if c not in by_client]:
             raise RuntimeError(f"round {server_round}: no reply from client(s) {missing} "
                                f"within {self.timeout:g} s")
