@@ -105,14 +105,10 @@ log = logging.getLogger("flwr")
 # They are named in DropInStrategy's signature (not taken as **kwargs) so that help() and
 # inspect.signature show them; their defaults are read from the installed FedAvg, so a drop-in
 # left at its defaults behaves as FedAvg does.
-FEDAVG_ARGUMENTS = tuple(name for name in inspect.signature(FedAvg.__init__).parameters
-                         if name != "self")
+_DEFAULTS = {name: parameter.default for name, parameter
+             in inspect.signature(FedAvg.__init__).parameters.items() if name != "self"}
+FEDAVG_ARGUMENTS = tuple(_DEFAULTS)
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
-
-
-def _fedavg(name: str) -> Any:
-    """Flower FedAvg's default for one of its arguments."""
-    return inspect.signature(FedAvg.__init__).parameters[name].default
 
 
 def _names_checked(init: Callable) -> Callable:
@@ -194,14 +190,14 @@ class DropInStrategy(FedAvg):
     @_names_checked
     def __init__(self, settings: dict[str, Any], *, seed: int = 0,
                  weighting: str | None = None, state_file: str | os.PathLike | None = None,
-                 fraction_train: float = _fedavg("fraction_train"),
-                 fraction_evaluate: float = _fedavg("fraction_evaluate"),
-                 min_train_nodes: int = _fedavg("min_train_nodes"),
-                 min_evaluate_nodes: int = _fedavg("min_evaluate_nodes"),
-                 min_available_nodes: int = _fedavg("min_available_nodes"),
-                 weighted_by_key: str = _fedavg("weighted_by_key"),
-                 arrayrecord_key: str = _fedavg("arrayrecord_key"),
-                 configrecord_key: str = _fedavg("configrecord_key"),
+                 fraction_train: float = _DEFAULTS["fraction_train"],
+                 fraction_evaluate: float = _DEFAULTS["fraction_evaluate"],
+                 min_train_nodes: int = _DEFAULTS["min_train_nodes"],
+                 min_evaluate_nodes: int = _DEFAULTS["min_evaluate_nodes"],
+                 min_available_nodes: int = _DEFAULTS["min_available_nodes"],
+                 weighted_by_key: str = _DEFAULTS["weighted_by_key"],
+                 arrayrecord_key: str = _DEFAULTS["arrayrecord_key"],
+                 configrecord_key: str = _DEFAULTS["configrecord_key"],
                  train_metrics_aggr_fn: MetricsAggregation | None = None,
                  evaluate_metrics_aggr_fn: MetricsAggregation | None = None) -> None:
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
@@ -255,8 +251,7 @@ class DropInStrategy(FedAvg):
                          "" if self.resumed_round < num_rounds else
                          f"; it is past num_rounds={num_rounds}, so no round is run")
         if self.resumed_round and evaluate_fn is not None:
-            # from round resumed + 1 on: the earlier rounds, round 0's initial model included,
-            # were evaluated by the run that wrote the state file
+            # rounds 0..resumed were evaluated by the run that wrote the state file
             resumed, evaluate = self.resumed_round, evaluate_fn
             evaluate_fn = lambda rnd, arrays: None if rnd <= resumed else evaluate(rnd, arrays)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
