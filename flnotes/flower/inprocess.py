@@ -8,9 +8,6 @@ so ``context.state`` persists across rounds as on a real node. The messages are 
 holds. What it leaves out is transport: no serialisation to protobuf, no SuperLink, no
 concurrency, no time-outs. A ClientApp that raises answers with an error message, as on
 Flower.
-
-:func:`run_in_process` runs a flnotes config through :class:`~flnotes.flower.FlowerStrategy`
-and :func:`~flnotes.flower.client_app` this way and returns the engine's History.
 """
 
 from __future__ import annotations
@@ -37,11 +34,9 @@ class InProcessGrid(Grid):
 
     def __init__(self, app, node_configs: list[dict], run_config: dict | None = None) -> None:
         self.app = app
-        self.contexts = {
-            FIRST_NODE_ID + k: Context(run_id=1, node_id=FIRST_NODE_ID + k,
-                                       node_config=dict(node), state=RecordDict(),
-                                       run_config=dict(run_config or {}))
-            for k, node in enumerate(node_configs)}
+        self.contexts = {FIRST_NODE_ID + k: Context(
+            run_id=1, node_id=FIRST_NODE_ID + k, node_config=dict(node), state=RecordDict(),
+            run_config=dict(run_config or {})) for k, node in enumerate(node_configs)}
         self._replies: dict[str, Message] = {}
         self._ids = itertools.count(1)
         self._run = None
