@@ -298,9 +298,7 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
     if known_algorithm:
         read = _method_settings(config.algorithm)
         renamed = {old: s.name for s in read.values() for old in s.old_names}
-        for name in settings:
-            if name in read:
-                continue
+        for name in [n for n in settings if n not in read]:
             # An old name another method still reads (FedMut's alpha) is that method's, in a
             # base config; given with this algorithm named, or read by none, it is this one's.
             if name in renamed and (strict or not readers(name)):
