@@ -350,10 +350,9 @@ class DropInStrategy(FedAvg):
         """The round's clients, as the engine picks them (Simulation.begin_round), from
         ``available`` (positions in it: all clients when every node is connected)."""
         size = min(self._sample_size(server_round), len(available))
-        n = len(self.nodes)
-        known = [self.sizes[c] for c in range(n) if c in self.sizes]
+        known = [self.sizes[c] for c in range(len(self.nodes)) if c in self.sizes]
         fallback = sum(known) / len(known) if known else 1.0
-        sizes = [self.sizes.get(c, fallback) for c in range(n)]
+        sizes = [self.sizes.get(c, fallback) for c in range(len(self.nodes))]
         clients = self.strategy.select_clients(
             server_round, sizes, size, torch_generator(self.seed, "sample", server_round))
         if clients is not None:
@@ -419,8 +418,7 @@ class DropInStrategy(FedAvg):
                                  f"{list(state)[:4]}..., not the model's {names[:4]}...; a "
                                  "ClientApp must return the whole model it was sent")
             metrics = next(iter(reply.content.metric_records.values()))
-            weight = float(metrics[self.weighted_by_key])
-            self.sizes[client] = weight
+            self.sizes[client] = weight = float(metrics[self.weighted_by_key])
             loss = float(metrics.get("train_loss", math.nan))
             results.append(ClientResult(client, state, weight, loss, {}))
         if not results:
