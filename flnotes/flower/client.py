@@ -86,8 +86,7 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
         return run_config, dtype or app_settings.get("dtype", "float32")
 
     def check(message: Message, run_config: RunConfig) -> None:
-        theirs = message.content["config"]["settings-hash"]
-        if theirs != settings_hash(run_config.resolved()):
+        if message.content["config"]["settings-hash"] != settings_hash(run_config.resolved()):
             raise ValueError("this node's run config differs from the server's (settings "
                              "hash); give both apps the same [tool.flwr.app.config]")
 
