@@ -153,9 +153,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict: the common fields and the settings the method reads."""
         values = {name: getattr(self, name) for name in common_field_names()}
-        values["data_options"] = dict(self.data_options)
-        values.update(self.settings_read())
-        return values
+        return {**values, "data_options": dict(self.data_options), **self.settings_read()}
 
     def to_json(self) -> str:
         """The config as indented JSON."""
