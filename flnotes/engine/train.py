@@ -95,11 +95,13 @@ def local_sgd(model: nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor,
             """Forward and backward at the current weights; the batch's empirical loss."""
             out = model(xb)
             total = loss = loss_fn(out, yb)
-            for extra in (penalty(params, anchor) if penalty is not None else None,
-                          teacher_loss(out, yb, teacher_out) if teacher_out is not None else None,
-                          batch_loss(model, xb, yb, out) if batch_loss is not None else None):
-                if extra is not None:
-                    total = total + extra
+            # each method's extra term, where it has one (None: nothing to add)
+            if penalty is not None and (term := penalty(params, anchor)) is not None:
+                total = total + term
+            if teacher_out is not None and (term := teacher_loss(out, yb, teacher_out)) is not None:
+                total = total + term
+            if batch_loss is not None and (term := batch_loss(model, xb, yb, out)) is not None:
+                total = total + term
             opt.zero_grad(set_to_none=True)
             total.backward()
             return loss

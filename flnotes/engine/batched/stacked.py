@@ -93,7 +93,8 @@ def train_supervised(groups: list[tuple], round: int) -> list[list[ClientResult]
         starts += group_starts
         anchors += [group_strategy.penalty_anchor(s, c)
                     for s, c in zip(group_starts, clients, strict=True)]
-    states, means = train_stacked(task, lanes, {"": starts}, config, ("supervised", strategy),
+    states, means = train_stacked(
+        task, lanes, {"": starts}, config, ("supervised", strategy),
         lambda: supervised_objective(task.loss_fn, penalty),
         anchors=anchors if penalty is not None else None,
         ascent=strategy.stacked_ascent if strategy.has_local_gradient else None,
@@ -221,7 +222,8 @@ def train_stacked(task, lanes: list[tuple], starts: dict[str, list], config, key
             # Copies, not views: a view would keep this step's whole stack alive.
             finished.append({n: v[new_width:width].clone()
                              for n, v in {**params, **buffers}.items()})
-            params, buffers, anchor, momentum_bufs = ({n: v[:new_width] for n, v in d.items()}
+            params, buffers, anchor, momentum_bufs = (
+                {n: v[:new_width] for n, v in d.items()}
                 for d in (params, buffers, anchor, momentum_bufs))
             width = new_width
         # The gather stays outside the step: the round's data (x_all) changes size with the
