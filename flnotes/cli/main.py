@@ -224,9 +224,11 @@ def _said(stored: dict) -> dict:
 
 def _no_duplicates(pairs: list) -> dict:
     """json's object_pairs_hook: a key given twice is refused (json keeps the last)."""
-    seen = dict(pairs)
-    if len(seen) < len(pairs):
-        raise DuplicateKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
     return seen
 
 
