@@ -20,6 +20,12 @@ def on_terminal() -> bool:
         return False
 
 
+def one_line(err) -> str:
+    """An error's text (its ``problem`` when it carries one) on one line, for a table cell or a
+    one-line message; "" for None."""
+    return " ".join(str(getattr(err, "problem", None) or err or "").split())
+
+
 def did_you_mean(name: str, known) -> str:
     """" (did you mean 'x'?)" naming the closest of ``known`` to a mistyped name, else ""."""
     close = difflib.get_close_matches(str(name), [str(k) for k in known], n=2, cutoff=0.6)

@@ -42,7 +42,7 @@ from flnotes.config.yaml_text import DuplicateKey, read_yaml
 from flnotes.data.registry import dataset_names
 from flnotes.engine.sim import RESUMABLE_CHANGES
 from flnotes.engine.tracking import parse_loggers
-from flnotes.messages import did_you_mean, os_error_line
+from flnotes.messages import did_you_mean, one_line, os_error_line
 from flnotes.repro import sweep as sweep_cli
 from flnotes.repro.grid import __doc__ as grid_doc
 from flnotes.repro.notebooks import copy_notebooks
@@ -70,7 +70,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
     try:
         parsed = read_yaml(value)  # (YAML 1.2 booleans: KEY=off is the text 'off')
     except yaml.YAMLError as err:
-        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        problem = one_line(err)
         raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({problem}); "
                                          "quote it, e.g. KEY='VALUE'") from None
     if isinstance(parsed, str):
@@ -258,7 +258,7 @@ def _stored_config(path: str, flag: str) -> dict:
         raise ValueError(f"{flag} {path}: {file} gives {dup.key!r} twice{where}; keep "
                          "one") from None
     except yaml.YAMLError as err:
-        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        problem = one_line(err)
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ValueError(f"{flag} {path}: {file} is damaged (not JSON or YAML: "

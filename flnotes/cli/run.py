@@ -31,7 +31,7 @@ from flnotes.engine.stops import (  # noqa: F401 (EXIT_READER_LEFT, send_nowhere
     send_nowhere,
 )
 from flnotes.engine.tracking import Tracker, check_installed, logger_dir_problem
-from flnotes.messages import on_terminal
+from flnotes.messages import on_terminal, one_line
 
 
 def run_command(config: RunConfig, seeds: list[int] | None = None, *,
@@ -137,7 +137,7 @@ def too_large(data_options: dict, err: MemoryError) -> str | None:
     if not huge:
         return None
     named = ", ".join(f"--data-option {k}={v}" for k, v in huge)
-    why = " ".join(str(err).split())[:120] or "MemoryError"
+    why = one_line(err)[:120] or "MemoryError"
     return f"{named} is too large: the data do not fit in memory ({why}); give a smaller value"
 
 

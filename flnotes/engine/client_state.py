@@ -69,6 +69,8 @@ from typing import Any, BinaryIO
 
 import torch
 
+from flnotes.messages import one_line
+
 State = dict[str, torch.Tensor]
 
 _FILE = re.compile(r"^client(\d+)\.round(\d+)\.pt$")
@@ -331,7 +333,7 @@ class ClientStateStore:
         try:
             return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
         except Exception as err:  # truncated, empty, garbage: torch raises many kinds
-            reason = " ".join(str(err).split())
+            reason = one_line(err)
             reason = f": {reason}" if 0 < len(reason) <= 80 else ""
             raise ClientStateError(f"{path} is damaged and cannot be read "
                                    f"({type(err).__name__}{reason}); {_START_OVER}") from None

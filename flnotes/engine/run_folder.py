@@ -30,6 +30,7 @@ from flnotes.engine.client_state import (
 )
 from flnotes.engine.history import History
 from flnotes.engine.tasks import resolve_device
+from flnotes.messages import one_line
 
 # Fields that may differ when resuming a run folder without changing its results. data_dir
 # is where the data lie, not which data: a run folder committed from one machine continues
@@ -244,7 +245,7 @@ def _load_checkpoint(checkpoint: Path, config) -> dict:
         saved = torch.load(checkpoint, map_location=resolve_device(config.device),
                            weights_only=True)
     except Exception as err:  # truncated, empty, garbage: torch raises many kinds
-        reason = " ".join(str(err).split())
+        reason = one_line(err)
         reason = f": {reason}" if 0 < len(reason) <= 100 else ""
         raise RunFolderError(f"{checkpoint} is damaged and cannot be read "
                              f"({type(err).__name__}{reason}){fix}") from None

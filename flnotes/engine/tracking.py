@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flnotes.engine.history import read_metrics, read_run_json
-from flnotes.messages import did_you_mean
+from flnotes.messages import did_you_mean, one_line
 
 LOGGERS = ("tensorboard", "mlflow")  # each the package it needs, and the extra installing it
 EXPERIMENT = "flnotes"
@@ -267,7 +267,7 @@ class Tracker:
                 getattr(logger, action)(*args)
             except Exception as err:  # a tracker is a copy: it must not stop the run
                 self.loggers.remove(logger)
-                reason = " ".join(str(err).split())[:200]
+                reason = one_line(err)[:200]
                 print(f"warning: the {logger.name} logger stopped ({type(err).__name__}: "
                       f"{reason}); metrics.jsonl keeps every round", file=sys.stderr)
 

@@ -64,7 +64,7 @@ from flnotes.config.presets import (
 )
 from flnotes.config.yaml_text import DuplicateKey, read_yaml
 from flnotes.data.registry import dataset_names
-from flnotes.messages import did_you_mean
+from flnotes.messages import did_you_mean, one_line
 from flnotes.repro import PACKAGE_DIR, SWEEP_DIR
 from flnotes.repro.kernel import import_papermill
 
@@ -171,7 +171,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        problem = one_line(err)
         raise GridError(f"{path}: not valid YAML{where}: {problem}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise GridError(f"cannot read grid file {path}: {err}") from None
@@ -315,7 +315,7 @@ def _config_problems(cells: list[Cell], notebook: Path, fixed: dict, axes: dict,
                     RunConfig.from_dict(values)
                     checked[key] = None
                 except (ValueError, TypeError) as err:
-                    message = " ".join(str(err).split())
+                    message = one_line(err)
                     # a check against a value the notebook computes (num_clients of the
                     # data): not known here
                     unknown = any(f"{name}=" in message for name in computed)

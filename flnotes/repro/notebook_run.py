@@ -28,7 +28,7 @@ from flnotes.config.presets import PRESETS, preset_names, preset_values
 from flnotes.engine.history import History
 from flnotes.engine.run_folder import settings_hash
 from flnotes.engine.seeds import run_seeds
-from flnotes.messages import did_you_mean
+from flnotes.messages import did_you_mean, one_line
 from flnotes.repro import tables
 
 # where each value came from, in the order the lines print
@@ -119,7 +119,7 @@ def _build(values: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.from_dict(values)
     except (ValueError, TypeError) as err:
-        raise SettingsError(" ".join(str(err).split())) from None
+        raise SettingsError(one_line(err)) from None
 
 
 def seconds_per_round(history: History) -> float:

@@ -53,7 +53,7 @@ from flnotes.engine.tracking import (
     parse_loggers,
     prepare_store,
 )
-from flnotes.messages import on_terminal
+from flnotes.messages import on_terminal, one_line
 from flnotes.repro import REPO_ROOT
 from flnotes.repro import grid as grid_file
 from flnotes.repro.grid import (
@@ -504,7 +504,7 @@ def _cell_line(record: dict, ended: int, total: int) -> str:
     seconds = record.get("seconds")
     took = f" ({seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""
     status = "skipped (done)" if record.get("skipped") else record.get("status")
-    why = " ".join(str(record.get("error") or "").split())[:160]
+    why = one_line(record.get("error"))[:160]
     return f"[{ended}/{total}] {record.get('id')}: {status}{took}" + (f": {why}" if why else "")
 
 
@@ -716,7 +716,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             overrides[key.strip()] = read_yaml(value)
         except yaml.YAMLError as err:
-            problem = " ".join(str(getattr(err, "problem", None) or err).split())
+            problem = one_line(err)
             raise GridError(f"--set {item!r}: the value is not YAML ({problem}); quote it, "
                             f"e.g. {key.strip()}='{value}'") from None
     if args.list_grids:

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from flnotes.engine.history import read_run_json
+from flnotes.messages import one_line
 from flnotes.repro.paper_setting import paper_settings, setting_differences
 from flnotes.repro.paper_tables import (
     KEY,
@@ -244,7 +245,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                                       if k.startswith("paper_")},
                      "settings_key": _settings_key(meta, config), "rows": records,
                      "written": _written(meta_file, metrics_file),
-                     "error": " ".join(str(meta.get("error") or "").split()),
+                     "error": one_line(meta.get("error")),
                      # (the results page's settings and cost: the sweep and the machine)
                      "grid_file": cell.get("grid_file"), "environment": environment,
                      # (where the data came from: a lossy copy is marked, paper_setting)
