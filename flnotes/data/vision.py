@@ -65,15 +65,8 @@ def _normalise(x_uint8: torch.Tensor, name: str, normalize: str = "dataset") -> 
 # ---------------------------------------------------------------- synthetic
 
 
-def load_synthetic(
-    data_dir: Path,
-    download: bool,
-    seed: int,
-    num_train: int = 6000,
-    num_test: int = 1000,
-    noise: float = 4.0,
-    max_shift: int = 4,
-) -> TensorData:
+def load_synthetic(data_dir: Path, download: bool, seed: int, num_train: int = 6000,
+                   num_test: int = 1000, noise: float = 4.0, max_shift: int = 4) -> TensorData:
     """Ten smooth random 28x28 prototypes, randomly shifted, plus Gaussian pixel noise."""
     rng = np.random.default_rng(seed)
     # Smooth prototypes: white noise low-passed with a Gaussian (about 2 px correlation).
@@ -92,8 +85,7 @@ def load_synthetic(
     cols = (dx[:, None] + np.arange(28))[:, None, :]
     x = padded[y[:, None, None], rows, cols] + noise * rng.standard_normal((n, 28, 28))
     x = torch.from_numpy(x.astype(np.float32)).unsqueeze(1)
-    mean, std = x[:num_train].mean(), x[:num_train].std()
-    x = (x - mean) / std
+    x = (x - x[:num_train].mean()) / x[:num_train].std()
     y = torch.from_numpy(y.astype(np.int64))
     return TensorData("synthetic", x[:num_train], y[:num_train], x[num_train:], y[num_train:], 10)
 
@@ -111,8 +103,7 @@ def _image_files(split_dir: Path) -> tuple[list[str], list[str], list[int], int]
     classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
     files, labels, total_size = [], [], 0
     for label, cls in enumerate(classes):
-        entries = sorted(os.scandir(split_dir / cls), key=lambda e: e.name)
-        for e in entries:
+        for e in sorted(os.scandir(split_dir / cls), key=lambda e: e.name):
             if os.path.splitext(e.name)[1].lower() in IMG_EXTENSIONS and e.is_file():
                 files.append(e.path)
                 labels.append(label)
@@ -168,10 +159,9 @@ def load_image_folder(root: Path, cache_dir: Path | None = None) -> dict:
 # ---------------------------------------------------------------- CIFAR
 
 
-def load_cifar(
-    data_dir: Path, download: bool, seed: int, name: str = "cifar10", coarse: bool = False,
-    normalize: str = "dataset", train_share: float = 1.0,
-) -> TensorData:
+def load_cifar(data_dir: Path, download: bool, seed: int, name: str = "cifar10",
+               coarse: bool = False, normalize: str = "dataset",
+               train_share: float = 1.0) -> TensorData:
     """CIFAR-10/100 from an image folder or torchvision's pickles (downloaded if asked).
 
     ``normalize``: how pixels are scaled (see NORMALIZATIONS); "dataset" by default.
@@ -214,9 +204,8 @@ def _load_cifar(data_dir: Path, download: bool, name: str, coarse: bool,
     for root in folder_roots:
         if (root / "train").is_dir() and (root / "test").is_dir():
             if coarse:
-                raise ValueError(
-                    f"coarse=True needs CIFAR-100's pickles; {root} is an image folder"
-                )
+                raise ValueError(f"coarse=True needs CIFAR-100's pickles; {root} is an "
+                                 "image folder")
             d = load_image_folder(root)
             if len(d["classes"]) != num_classes:
                 raise ValueError(f"{root} has {len(d['classes'])} class folders, not {num_classes}")
@@ -234,8 +223,7 @@ def _load_cifar(data_dir: Path, download: bool, name: str, coarse: bool,
             f"{name} not found: looked for an image folder ({', '.join(looked)}) and for "
             f"torchvision's pickles ({pickle_dir}). Get it with load_dataset({name!r}, "
             "download=True) (command line: --download), or point data_dir (or $FLNOTES_DATA) at "
-            "an ImageFolder copy with train/<class>/*.jpg and test/<class>/*.jpg."
-        )
+            "an ImageFolder copy with train/<class>/*.jpg and test/<class>/*.jpg.")
     import torchvision  # slow to import: only when needed
 
     cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
@@ -260,12 +248,8 @@ def _load_cifar(data_dir: Path, download: bool, name: str, coarse: bool,
 
 # Where Debian's package dataset-fashion-mnist installs the four .gz files.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-IDX_FILES = {
-    "train_x": "train-images-idx3-ubyte",
-    "train_y": "train-labels-idx1-ubyte",
-    "test_x": "t10k-images-idx3-ubyte",
-    "test_y": "t10k-labels-idx1-ubyte",
-}
+IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
+             "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
 
 
 def read_idx(path: Path, expected_ndim: int) -> np.ndarray:
@@ -278,35 +262,28 @@ def read_idx(path: Path, expected_ndim: int) -> np.ndarray:
     magic = int.from_bytes(raw[:4], "big")
     # Magic = 0x0000, type 0x08 (ubyte), number of dimensions: 2049 labels, 2051 images.
     if magic != 0x0800 + expected_ndim:
-        raise ValueError(
-            f"{path} is not an IDX ubyte file with {expected_ndim} dims: magic {magic:#010x}, "
-            f"expected {0x0800 + expected_ndim:#010x}"
-        )
+        raise ValueError(f"{path} is not an IDX ubyte file with {expected_ndim} dims: "
+                         f"magic {magic:#010x}, expected {0x0800 + expected_ndim:#010x}")
     header = 4 + 4 * expected_ndim
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(expected_ndim)]
     if len(raw) < header or len(raw) - header != int(np.prod(dims)):
-        raise ValueError(
-            f"IDX file {path} is truncated or padded: {len(raw) - header} data bytes, dims {dims}"
-        )
+        raise ValueError(f"IDX file {path} is truncated or padded: {len(raw) - header} data "
+                         f"bytes, dims {dims}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
 def _find_idx_dir(dirs: list[Path]) -> dict[str, Path] | None:
     """Paths of the four IDX files in the first directory holding all of them (raw or .gz)."""
     for d in dirs:
-        found = {
-            k: next((p for p in (d / f, d / f"{f}.gz") if p.is_file()), None)
-            for k, f in IDX_FILES.items()
-        }
+        found = {k: next((p for p in (d / f, d / f"{f}.gz") if p.is_file()), None)
+                 for k, f in IDX_FILES.items()}
         if all(found.values()):
             return found
     return None
 
 
-def load_idx_dataset(
-    data_dir: Path, download: bool, seed: int, name: str = "fashion-mnist",
-    normalize: str = "dataset",
-) -> TensorData:
+def load_idx_dataset(data_dir: Path, download: bool, seed: int, name: str = "fashion-mnist",
+                     normalize: str = "dataset") -> TensorData:
     """MNIST or Fashion-MNIST from IDX files, via torchvision's download if asked.
 
     ``normalize``: how pixels are scaled (see NORMALIZATIONS); "dataset" by default.
@@ -317,11 +294,10 @@ def load_idx_dataset(
     chosen = Path(data_dir).expanduser() != default_data_dir()
     if chosen and not download and not Path(data_dir).is_dir():
         # A data_dir given but missing (a typo): never fall back to another copy unasked.
+        then = f", then {DEBIAN_FASHION_MNIST}" if name == "fashion-mnist" else ""
         raise FileNotFoundError(f"data_dir {data_dir} does not exist (asked for {name}); "
                                 "fix the path, or leave data_dir unset to use the default "
-                                f"({default_data_dir()}"
-                                + (f", then {DEBIAN_FASHION_MNIST})" if name == "fashion-mnist"
-                                   else ")"))
+                                f"({default_data_dir()}{then})")
     if name == "fashion-mnist" and not chosen:
         # The system copy only when no data_dir was given: a data_dir named is the one read.
         dirs.append(DEBIAN_FASHION_MNIST)
@@ -343,9 +319,7 @@ def load_idx_dataset(
         if len(a[f"{s}_x"]) != len(a[f"{s}_y"]):
             raise ValueError(f"{files[s + '_x']} and {files[s + '_y']} differ in length")
     # copy(): frombuffer arrays are read-only, torch wants writable memory.
-    xs = [
-        _normalise(torch.from_numpy(a[k].copy()).unsqueeze(1), name, normalize)
-        for k in ("train_x", "test_x")
-    ]
+    xs = [_normalise(torch.from_numpy(a[k].copy()).unsqueeze(1), name, normalize)
+          for k in ("train_x", "test_x")]
     ys = [torch.from_numpy(a[k].astype(np.int64)) for k in ("train_y", "test_y")]
     return TensorData(name, xs[0], ys[0], xs[1], ys[1], 10)
