@@ -37,9 +37,8 @@ def _check_num_clients(num_samples: int, num_clients: int) -> None:
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     if num_clients > num_samples:
-        raise ValueError(
-            f"num_clients={num_clients} > num_samples={num_samples}: some clients would be empty"
-        )
+        raise ValueError(f"num_clients={num_clients} > num_samples={num_samples}: some clients "
+                         "would be empty")
 
 
 def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[torch.Tensor]:
@@ -49,14 +48,8 @@ def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[torch.T
     return _to_tensors(np.array_split(rng.permutation(num_samples), num_clients))
 
 
-def dirichlet_partition(
-    labels: torch.Tensor,
-    num_clients: int,
-    alpha: float,
-    seed: int,
-    min_size: int = 10,
-    max_tries: int = 1000,
-) -> list[torch.Tensor]:
+def dirichlet_partition(labels: torch.Tensor, num_clients: int, alpha: float, seed: int,
+                        min_size: int = 10, max_tries: int = 1000) -> list[torch.Tensor]:
     """Label-skewed split: per class, client shares drawn from Dir(alpha), with a size cap.
 
     This is the per-class scheme of FedML / NIID-Bench (Li et al. 2022), which FedMut's
@@ -71,16 +64,13 @@ def dirichlet_partition(
     if alpha <= 0:
         raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
     classes = np.unique(y)
-    settings = (
-        f"num_samples={n}, num_clients={num_clients}, min_size={min_size}, "
-        f"alpha={alpha}, classes={len(classes)}"
-    )
+    settings = (f"num_samples={n}, num_clients={num_clients}, min_size={min_size}, "
+                f"alpha={alpha}, classes={len(classes)}")
     if min_size * num_clients > n:
         # No draw can ever succeed: fail at once instead of after max_tries draws.
-        raise ValueError(
-            f"min_size={min_size} is unreachable: {num_clients} clients x {min_size} samples "
-            f"> {n} samples ({settings}); lower min_size or num_clients"
-        )
+        raise ValueError(f"min_size={min_size} is unreachable: {num_clients} clients x "
+                         f"{min_size} samples > {n} samples ({settings}); lower min_size or "
+                         "num_clients")
     rng = np.random.default_rng(seed)
     class_indices = [np.flatnonzero(y == c) for c in classes]
     cap = n / num_clients
@@ -105,16 +95,13 @@ def dirichlet_partition(
                 sizes[j] += len(part)
         if ok and sizes.min() >= min_size:
             return _to_tensors([np.concatenate(parts) for parts in client_lists])
-    raise ValueError(
-        f"min_size={min_size} is unreachable with these settings ({settings}): no draw in "
-        f"max_tries={max_tries} gave every client >= {min_size} samples; raise alpha, lower "
-        "min_size or num_clients, or raise max_tries"
-    )
+    raise ValueError(f"min_size={min_size} is unreachable with these settings ({settings}): "
+                     f"no draw in max_tries={max_tries} gave every client >= {min_size} samples; "
+                     "raise alpha, lower min_size or num_clients, or raise max_tries")
 
 
-def shard_partition(
-    labels: torch.Tensor, num_clients: int, shards_per_client: int, seed: int
-) -> list[torch.Tensor]:
+def shard_partition(labels: torch.Tensor, num_clients: int, shards_per_client: int,
+                    seed: int) -> list[torch.Tensor]:
     """McMahan et al. 2017 shards: sort by label, cut equal shards, deal them out at random.
 
     The N % (num_clients * shards_per_client) samples left after cutting equal shards (the tail of
@@ -122,15 +109,13 @@ def shard_partition(
     """
     y = _labels_numpy(labels)
     if num_clients < 1 or shards_per_client < 1:
-        raise ValueError(
-            f"num_clients={num_clients} and shards_per_client={shards_per_client} must be >= 1"
-        )
+        raise ValueError(f"num_clients={num_clients} and shards_per_client={shards_per_client} "
+                         "must be >= 1")
     num_shards = num_clients * shards_per_client
     shard_size = len(y) // num_shards
     if shard_size == 0:
-        raise ValueError(
-            f"{num_shards} shards ({num_clients} clients x {shards_per_client}) > {len(y)} samples"
-        )
+        raise ValueError(f"{num_shards} shards ({num_clients} clients x {shards_per_client}) > "
+                         f"{len(y)} samples")
     rng = np.random.default_rng(seed)
     order = np.argsort(y, kind="stable")[: num_shards * shard_size]
     shards = order.reshape(num_shards, shard_size)
@@ -138,16 +123,9 @@ def shard_partition(
     return _to_tensors([shards[ids].reshape(-1) for ids in shard_ids])
 
 
-def make_partition(
-    labels: Any,
-    num_clients: int,
-    scheme: str,
-    *,
-    seed: int,
-    dirichlet_alpha: float = 0.5,
-    shards_per_client: int = 2,
-    min_size: int = 10,
-) -> list[torch.Tensor]:
+def make_partition(labels: Any, num_clients: int, scheme: str, *, seed: int,
+                   dirichlet_alpha: float = 0.5, shards_per_client: int = 2,
+                   min_size: int = 10) -> list[torch.Tensor]:
     """Partition by scheme name ("iid", "dirichlet" or "shards")."""
     if scheme == "iid":
         return iid_partition(len(_labels_numpy(labels)), num_clients, seed)
@@ -178,9 +156,8 @@ def labels_hash(labels: torch.Tensor) -> str:
     return hashlib.sha256(_labels_numpy(labels).astype("<i8").tobytes()).hexdigest()
 
 
-def save_manifest(
-    path: str | Path, parts: list[torch.Tensor], labels: torch.Tensor, meta: dict | None = None
-) -> None:
+def save_manifest(path: str | Path, parts: list[torch.Tensor], labels: torch.Tensor,
+                  meta: dict | None = None) -> None:
     """Write a partition as JSON with the labels' hash, so it can be reused exactly."""
     path = Path(path)
     n = len(_labels_numpy(labels))
@@ -214,8 +191,6 @@ def load_manifest(path: str | Path, labels: torch.Tensor) -> list[torch.Tensor]:
                          f"indices ({err})") from None
     expected, actual = manifest["labels_sha256"], labels_hash(labels)
     if expected != actual:
-        raise ValueError(
-            f"manifest {path} was made from different data: its labels_sha256 is {expected}, "
-            f"the given labels hash to {actual}"
-        )
+        raise ValueError(f"manifest {path} was made from different data: its labels_sha256 "
+                         f"is {expected}, the given labels hash to {actual}")
     return clients
