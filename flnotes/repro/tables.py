@@ -50,12 +50,7 @@ import pandas as pd
 from flnotes.engine.history import read_run_json
 from flnotes.messages import one_line
 from flnotes.repro.paper_setting import paper_settings, setting_differences
-from flnotes.repro.paper_tables import (
-    KEY,
-    load_paper_table,
-    paper_table_names,
-    run_labels,
-)
+from flnotes.repro.paper_tables import KEY, load_paper_table, paper_table_names, run_labels
 from flnotes.repro.reading import claim_line, diverged_note, read
 
 LAST_EVALUATIONS = 10
@@ -174,8 +169,7 @@ def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
     seeds. Of them a completed folder is kept, else one that stopped early, else a failed one;
     among equals the newest. A warning names every folder of the run.
 
-    The one choice of ``tables``, ``figures`` and ``results-page`` (through
-    :func:`load_runs`).
+    The one choice of ``tables``, ``figures`` and ``results-page`` (through :func:`load_runs`).
     """
     if not len(runs) or "settings_key" not in runs:
         return runs
@@ -330,8 +324,7 @@ def diverged(by_method: dict[str, list[Run]], *methods: str) -> str:
 def aggregate(runs: pd.DataFrame, by: Sequence[str] = ("paper_table", *KEY)) -> pd.DataFrame:
     """Per table cell: means over seeds of each run's last-10 mean and std, final and best.
 
-    Failed runs are left out, and a run found in several folders counts once
-    (:func:`one_per_run`).
+    Failed runs are left out, and a run found in several folders counts once (:func:`one_per_run`).
     """
     by = list(by)
     runs = one_per_run(runs)
@@ -339,11 +332,9 @@ def aggregate(runs: pd.DataFrame, by: Sequence[str] = ("paper_table", *KEY)) -> 
     runs["paper_table"] = runs["paper_table"].fillna("")
     runs["completed"] = runs["status"] == "completed"
     grouped = runs.groupby(by, sort=False, dropna=False)
-    columns = dict(accuracy_mean=("acc_last_mean", "mean"),
-                   accuracy_std=("acc_last_std", "mean"),
-                   seed_std=("acc_last_mean", sample_std),
-                   final_mean=("acc_final", "mean"), best_mean=("acc_best", "mean"),
-                   personal_mean=("personal_last_mean", "mean"),
+    columns = dict(accuracy_mean=("acc_last_mean", "mean"), accuracy_std=("acc_last_std", "mean"),
+                   seed_std=("acc_last_mean", sample_std), final_mean=("acc_final", "mean"),
+                   best_mean=("acc_best", "mean"), personal_mean=("personal_last_mean", "mean"),
                    seeds=("seed", "nunique"), completed=("completed", "sum"),
                    runs=("seed", "size"), seconds_per_round=("seconds_per_round", "mean"))
     if "config" in runs:  # kept to check each cell against the paper's setting
@@ -397,12 +388,11 @@ def _miss(run: pd.Series, paper: pd.DataFrame, table: str) -> str | None:
     """Why a run's table key is no cell of ``table``: the first of dataset, model,
     heterogeneity and method that the table has no row or column for; None if it is one."""
     config = run["config"] if isinstance(run.get("config"), dict) else {}
-    rows = paper
     dataset, model, split = run["dataset"], run["model"], run["heterogeneity"]
-    if dataset not in set(rows["dataset"]):
+    if dataset not in set(paper["dataset"]):
         return (f"{_named('dataset', dataset, config.get('dataset'))} is in no row of {table} "
-                f"(its datasets: {_listed(rows['dataset'])})")
-    rows = rows[rows["dataset"] == dataset]
+                f"(its datasets: {_listed(paper['dataset'])})")
+    rows = paper[paper["dataset"] == dataset]
     if model not in set(rows["model"]):
         return (f"{_named('model', model, config.get('model'))} is in no {dataset} row of "
                 f"{table} (its models there: {_listed(rows['model'])})")
@@ -510,12 +500,11 @@ SETTING_MARK = "*"  # some run of the cell differs from the paper's setting
 def side_by_side(comparison: pd.DataFrame, run_only: bool = False) -> pd.DataFrame:
     """Wide view: one row per setting, per method 'paper / ours (difference)' or 'not run'.
 
-    Our number carries PARTIAL_MARK when some run of the cell has not completed and
-    SETTING_MARK when some run differs from the paper's setting (see :func:`legend`).
-    With ``run_only``, only the cells with a run: the settings and methods that have one,
-    and an empty string where such a row and column meet without a run (a table of a few
-    hundred cells of which a handful ran is otherwise mostly "not run"); no cell run, no
-    rows and no columns.
+    Our number carries PARTIAL_MARK when some run of the cell has not completed and SETTING_MARK
+    when some run differs from the paper's setting (see :func:`legend`). With ``run_only``, only
+    the cells with a run: the settings and methods that have one, and an empty string where such
+    a row and column meet without a run (a table of a few hundred cells of which a handful ran
+    is otherwise mostly "not run"); no cell run, no rows and no columns.
     """
     def cell(row) -> str:
         paper = "-" if pd.isna(row["paper"]) else f"{row['paper']:.2f}"
@@ -614,16 +603,10 @@ def cmd_tables(args: argparse.Namespace) -> int:
                   "over the last quarter of the evaluations; holds only when every seed leads "
                   "by more than the seeds disagree (flnotes/repro/reading.py)")
             print("\n".join(claims))
-    if args.results and len(failed):
-        print(_failed_note(failed))
+    if args.results and len(failed):  # apart: how many were left out of the tables, and which
+        count = len(failed)
+        print(f"== failed: {count} run{'s' if count != 1 else ''} left out of every table")
+        for _, run in failed.iterrows():
+            error = f": {run['error'][:160]}" if run.get("error") else ""
+            print(f"  {run['run_dir']} ({run['method']}, seed {run['seed']}){error}")
     return 0
-
-
-def _failed_note(failed: pd.DataFrame) -> str:
-    """Failed runs, apart: how many were left out of the tables, and which."""
-    count = len(failed)
-    lines = [f"== failed: {count} run{'s' if count != 1 else ''} left out of every table"]
-    for _, run in failed.iterrows():
-        error = f": {run['error'][:160]}" if run.get("error") else ""
-        lines.append(f"  {run['run_dir']} ({run['method']}, seed {run['seed']}){error}")
-    return "\n".join(lines)
