@@ -1,5 +1,4 @@
-"""Drop-in Flower strategies: FedMut, FedQP, FedMR, FedExP, CluSamp and FedCross for any
-ClientApp.
+"""Drop-in Flower strategies: FedMut, FedQP, FedMR, FedExP, CluSamp and FedCross for any ClientApp.
 
 :class:`~flnotes.flower.FlowerStrategy` runs a whole flnotes config (its data, model,
 ClientApp and server-side test set). These classes need none of that: each is Flower's own
@@ -12,16 +11,14 @@ ClientApp and server-side test set). These classes need none of that: each is Fl
 
 The server side is flnotes' own strategy object (:mod:`flnotes.algorithms`: FedMut's
 ``sign_mutations``, FedQP's ``project_mutants``, FedMR's ``recombine``, FedExP's
-``server_step_size``, CluSamp's clustering, FedCross's ``cross_aggregate``), built at round
-1 around the ``initial_arrays`` given to ``start``; nothing of a method is written twice.
-Per round:
+``server_step_size``, CluSamp's clustering, FedCross's ``cross_aggregate``), built at round 1 around
+the ``initial_arrays`` given to ``start``; nothing of a method is written twice. Per round:
 
-- ``configure_train``: the method picks the clients (CluSamp's ``select_clients``, or the
-  engine's seeded uniform sampling: ``sample_clients`` with (seed, "sample", round)) and
-  the model each starts from (``dispatch``: a mutant, a recombined model, FedExP's
-  extrapolated iterate, a FedCross middleware model); each sampled node gets its own train
-  message, ``arrays`` its start model and ``config`` the ``train_config`` of ``start`` plus
-  ``server-round``, as FedAvg's;
+- ``configure_train``: the method picks the clients (CluSamp's ``select_clients``, or the engine's
+  seeded uniform sampling: ``sample_clients`` with (seed, "sample", round)) and the model each
+  starts from (``dispatch``: a mutant, a recombined model, FedExP's extrapolated iterate, a FedCross
+  middleware model); each sampled node gets its own train message, ``arrays`` its start model and
+  ``config`` the ``train_config`` of ``start`` plus ``server-round``, as FedAvg's;
 - ``aggregate_train``: the replies (one ArrayRecord and one MetricRecord each, as FedAvg
   checks) become the method's ``aggregate``; the returned ArrayRecord is the method's global
   model (FedExP: the mean of its last two iterates); the MetricRecord is FedAvg's weighted
@@ -33,19 +30,18 @@ Evaluation (``configure_evaluate``, ``aggregate_evaluate``, ``evaluate_fn``) is 
 Where Flower and the engine differ, and what is decided here:
 
 - Clients are Flower nodes, numbered as they are first seen: at round 1 (after waiting for
-  ``min_available_nodes``) client k is the k-th smallest connected node id; a node first
-  seen at a later round becomes the next client (N, N+1, ...; several at once in node-id
-  order) and keeps that number. Each round samples from the clients whose nodes are
-  connected then (``grid.get_node_ids()``): the engine's seeded sampling picks positions in
-  that list (``sample_clients`` with (seed, "sample", round) over its length), so with a
-  fixed set of nodes a run samples exactly as ``flnotes.run`` does, and with the same nodes
-  joining at the same rounds it samples the same clients again. The round's sample size is
-  FedAvg's, ``max(int(N * fraction_train), min_train_nodes)`` with N the nodes at round 1,
-  kept as the method's K (FedMR recombines K models each round, FedCross keeps K
-  middleware models), and no more than the clients connected. Exception, CluSamp: its
-  clustering holds a row per client of a fixed population, so its federation stays the
-  nodes of round 1; a node that joins later is not drawn, and a node that left can still be
-  drawn (its failed reply is left out).
+  ``min_available_nodes``) client k is the k-th smallest connected node id; a node first seen at a
+  later round becomes the next client (N, N+1, ...; several at once in node-id order) and keeps that
+  number. Each round samples from the clients whose nodes are connected then
+  (``grid.get_node_ids()``): the engine's seeded sampling picks positions in that list
+  (``sample_clients`` with (seed, "sample", round) over its length), so with a fixed set of nodes a
+  run samples exactly as ``flnotes.run`` does, and with the same nodes joining at the same rounds it
+  samples the same clients again. The round's sample size is FedAvg's,
+  ``max(int(N * fraction_train), min_train_nodes)`` with N the nodes at round 1, kept as the
+  method's K (FedMR recombines K models each round, FedCross keeps K middleware models), and no more
+  than the clients connected. Exception, CluSamp: its clustering holds a row per client of a fixed
+  population, so its federation stays the nodes of round 1; a node that joins later is not drawn,
+  and a node that left can still be drawn (its failed reply is left out).
 - A ``seed`` fixes the sampling and every random draw of the method (mutation signs, FedQP's
   projections, FedMR's permutations, CluSamp's draws): two runs with the same seed, nodes
   and replies send the same models. With the same seed, clients and local training, a
@@ -165,10 +161,7 @@ class DropInStrategy(FedAvg):
     seed of every draw; ``weighting``: ``"uniform"``, ``"samples"`` or None (the method's
     default); ``state_file``: a file to keep the run's state in, written after every round
     and read by ``start`` (see :meth:`start`). The other keywords are Flower FedAvg's
-    (:data:`FEDAVG_ARGUMENTS`, with FedAvg's defaults), passed on unchanged: ``fraction_train``,
-    ``fraction_evaluate``, ``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``,
-    ``weighted_by_key``, ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
-    ``evaluate_metrics_aggr_fn``.
+    (:data:`FEDAVG_ARGUMENTS`, with FedAvg's defaults), passed on unchanged.
     """
 
     method = ""  # the flnotes registry name
@@ -383,8 +376,7 @@ class DropInStrategy(FedAvg):
             return []
         starts = self.strategy.dispatch(server_round, clients)
         log.info("configure_train: %s sent %d models to %d of %d connected nodes",
-                 type(self).__name__, len({id(s) for s in starts}), len(clients),
-                 len(available))
+                 type(self).__name__, len({id(s) for s in starts}), len(clients), len(available))
         # one record per distinct start model
         records = {id(s): state_record(s) for s in {id(s): s for s in starts}.values()}
         self._sent = (server_round, {self.nodes[c]: c for c in clients})
@@ -496,10 +488,9 @@ class _OneModelPerClient(DropInStrategy):
 
 
 class FedMR(_OneModelPerClient):
-    """FedMR (Hu et al., KDD 2024): the last round's local models, every layer (or every
-    one of ``segments`` groups of layers) shuffled across them, one recombined model per
-    client; the reported global model is their mean. ``stage1_rounds`` rounds of plain
-    FedAvg first."""
+    """FedMR (Hu et al., KDD 2024): the last round's local models, every layer (or every one of
+    ``segments`` groups of layers) shuffled across them, one recombined model per client; the
+    reported global model is their mean. ``stage1_rounds`` rounds of plain FedAvg first."""
 
     method = "fedmr"
     not_offered = ("secure_exchanges",)
