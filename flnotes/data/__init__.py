@@ -18,13 +18,8 @@ __all__ = ["DATASETS", "LeafData", "TensorData", "dataset_names", "load_dataset"
            "tensor_dataset_names"]
 
 
-def load_dataset(
-    name: str,
-    data_dir: str | Path | None = None,
-    download: bool = False,
-    seed: int = 0,
-    **options,
-) -> TensorData:
+def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = False,
+                 seed: int = 0, **options) -> TensorData:
     """Load a registered dataset as tensors; options go to its loader (e.g. coarse=True)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(tensor_dataset_names())}")

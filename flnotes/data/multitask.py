@@ -39,8 +39,7 @@ class MultitaskData(TensorData):
         tasks = ", ".join(f"{name} ({count} classes)"
                           for name, count in zip(self.task_names, self.task_classes, strict=True))
         return (f"MultitaskData({self.name!r}, tasks: {tasks}, train={len(self.train_y)}, "
-                f"test={len(self.test_y)}, "
-                f"input_shape={self.input_shape})")
+                f"test={len(self.test_y)}, input_shape={self.input_shape})")
 
 
 def task_parts(name: str) -> list[str] | None:
@@ -100,9 +99,8 @@ def load_multitask(names, loaders: dict, data_dir: Path, download: bool, seed: i
         raise ValueError(f"the tasks of {SEPARATOR.join(names)!r} share one model and need one "
                          f"input shape; they have {described}")
     offsets = class_offsets(p.num_classes for p in parts)
-    shift = lambda split: torch.cat([getattr(p, split) + offsets[t]  # noqa: E731
-                                     for t, p in enumerate(parts)])
-    cat = lambda split: torch.cat([getattr(p, split) for p in parts])  # noqa: E731
+    shift = lambda split: torch.cat([getattr(p, split) + offsets[t] for t, p in enumerate(parts)])
+    cat = lambda split: torch.cat([getattr(p, split) for p in parts])
     sources = "; ".join(f"{p.name}: {p.source}" for p in parts if p.source)
     return MultitaskData(SEPARATOR.join(names), cat("train_x"), shift("train_y"), cat("test_x"),
                          shift("test_y"), offsets[-1], source=sources,

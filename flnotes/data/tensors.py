@@ -34,10 +34,8 @@ class TensorData:
 
     def __repr__(self) -> str:
         # The dataclass default would print whole tensors.
-        return (
-            f"TensorData({self.name!r}, train={len(self.train_y)}, test={len(self.test_y)}, "
-            f"input_shape={self.input_shape}, num_classes={self.num_classes})"
-        )
+        return (f"TensorData({self.name!r}, train={len(self.train_y)}, test={len(self.test_y)}, "
+                f"input_shape={self.input_shape}, num_classes={self.num_classes})")
 
 
 def default_data_dir() -> Path:
