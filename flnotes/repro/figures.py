@@ -93,11 +93,6 @@ def _variant(setting: str, name: str | None = None) -> Callable[[Run], str]:
     return line
 
 
-def _segments(run: Run) -> str:
-    segments = run.config.get("segments") or 0
-    return "FedMR" if segments == 0 else f"FedMR-{segments}"
-
-
 @dataclass
 class Figure:
     """A paper figure: which runs, which panels, which lines, and what the paper says."""
@@ -140,8 +135,7 @@ FIGURES: dict[str, Figure] = {f.name: f for f in [
              "Dir(0.5); alpha 1..5 at beta_0 0.5, beta_0 0.1..0.9 at alpha 4"),
     Figure(
         "fedqp-fig3", "FedQP (SEKE 2024)", "Fig. 3",
-        "Learning curves of our method and all the baseline methods on CIFAR-10 with "
-        "ResNet-18.",
+        "Learning curves of our method and all the baseline methods on CIFAR-10 with ResNet-18.",
         "Compared with FedMut, FedQP is more accurate and converges faster early in training.",
         "sweeps/fedqp_tableI.yaml (reuses its CIFAR-10 ResNet-18 cells; panels (a)-(d) = "
         "its four heterogeneity settings)",
@@ -190,14 +184,15 @@ FIGURES: dict[str, Figure] = {f.name: f for f in [
              "100 of 100, Dir(0.1); FedGen is the baseline left out"),
     Figure(
         "fedmr-fig11", "FedMR (KDD 2024)", "Fig. 11",
-        "[no caption in our copy; Sec. 5.4.2] Ablation: FedMR-p (recombination of p "
-        "segments instead of layers), CIFAR-10, ResNet-20 and VGG-16, non-IID, no two-stage "
-        "training",
+        "[no caption in our copy; Sec. 5.4.2] Ablation: FedMR-p (recombination of p segments "
+        "instead of layers), CIFAR-10, ResNet-20 and VGG-16, non-IID, no two-stage training",
         "Layer-wise FedMR beats every FedMR-p; the coarser the segments, the worse.",
         "sweeps/fedmr_figures.yaml (Fig. 11 cells; its layer-wise ResNet-20 run is Fig. 8's)",
         where={"dataset": "CIFAR-10", "heterogeneity": "dir=0.1", "method": "FedMR",
                "stage1_rounds": 0},
-        split=("model",), line=_segments, expected_best=("FedMR",),
+        split=("model",), expected_best=("FedMR",),
+        line=lambda run: (f"FedMR-{run.config['segments']}" if run.config.get("segments")
+                          else "FedMR"),
         note="p values not in the text: 2, 4, 8; alpha lost from the text: Dir(0.1)"),
     Figure(
         "fedmr-fig12", "FedMR (KDD 2024)", "Fig. 12",
@@ -214,10 +209,9 @@ FIGURES: dict[str, Figure] = {f.name: f for f in [
         note="x values besides 50 and 100 are not in the text: 0, 25, 50, 100, 200"),
     Figure(
         "fml-fig3", "FML (FITEE 2023)", "Fig. 3",
-        "Our findings indicate that FML offers better performance improvements than the "
-        "FedAvg and FedProx approaches across four different data settings. We simulate "
-        "various levels of DH, where the difficulty level gradually increases from left to "
-        "right. (...)",
+        "Our findings indicate that FML offers better performance improvements than the FedAvg and "
+        "FedProx approaches across four different data settings. We simulate various levels of "
+        "DH, where the difficulty level gradually increases from left to right. (...)",
         "FML performs better, with a stable trajectory, while FedProx and FedAvg oscillate "
         "in the non-IID settings.",
         "sweeps/fml_table1.yaml (reuses its cells; one row of panels per column of Table 1 "
@@ -399,7 +393,6 @@ CAPTION_MARGIN = 0.12  # inches between the caption and the canvas's left and bo
 def caption_width(fig, margin: float = CAPTION_MARGIN) -> int:
     """How many caption characters fit on one line of ``fig``, from the width its renderer
     gives a run of monospace characters (in inches, so at any dpi the figure is saved at)."""
-
     renderer = fig.canvas.get_renderer()
     sample = "M" * 50
     width_px, _, _ = renderer.get_text_width_height_descent(
@@ -419,7 +412,6 @@ def draw(figure: Figure, runs: list[Run], scale: str | None = None):
     cannot test the claim says so on itself.
 
     Returns (matplotlib Figure, caption lines)."""
-
     matplotlib.use("Agg", force=False)
 
     panels = [(title, panel_lines(figure, chosen, line))
