@@ -85,8 +85,7 @@ def load_leaf_femnist(root: Path) -> LeafData:
     """LEAF's FEMNIST JSON (x: 784 floats, y: 0-61) as (N,1,28,28), one client per writer."""
     train_users, train = read_leaf_json(root / "train")
     _, test = read_leaf_json(root / "test")
-    empty = {"x": [], "y": []}
-    tests = [test.get(u, empty) for u in train_users]
+    tests = [test.get(u, {"x": [], "y": []}) for u in train_users]
     xs = [x for u in train_users for x in train[u]["x"]]
     test_xs = [x for t in tests for x in t["x"]]
     ys = [y for u in train_users for y in train[u]["y"]]
@@ -139,9 +138,8 @@ def load_shakespeare(data_dir: Path, download: bool, seed: int, source: str = "a
     if root is not None:
         data = load_leaf_shakespeare(root)
         keep = [i for i, c in enumerate(data.client_indices) if len(c) >= max(min_samples, 1)]
-        return _select_clients(data, [keep[i] for i in choose_subset(len(keep), max_roles,
-                                                                     subset_seed)],
-                               max_samples, subset_seed)
+        chosen = [keep[i] for i in choose_subset(len(keep), max_roles, subset_seed)]
+        return _select_clients(data, chosen, max_samples, subset_seed)
 
     if source == "leaf":
         plays_hint = (" It holds play texts: use source='plays' (or 'auto') for them."

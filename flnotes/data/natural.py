@@ -72,10 +72,6 @@ def _index_tensor(starts) -> torch.Tensor:
     return torch.tensor(list(starts), dtype=torch.int64)
 
 
-def _offsets(texts: list[str]) -> list[int]:
-    return np.concatenate([[0], np.cumsum([len(t) for t in texts])])[:-1].astype(int).tolist()
-
-
 def consecutive_blocks(sizes: list[int]) -> list[torch.Tensor]:
     """Index tensors 0..a-1, a..a+b-1, ... for consecutive blocks of the given sizes."""
     bounds = np.cumsum([0] + list(sizes)).tolist()
@@ -97,11 +93,13 @@ def pack_windows(texts: list[str], train_starts: list, test_starts: list, names:
 
     stream, train_x = windows(texts)
     test_stream, test_view = (stream, train_x) if test_texts is None else windows(test_texts)
-    def shift(starts: list, offsets: list[int]) -> list[torch.Tensor]:
-        return [_index_tensor(s) + o for s, o in zip(starts, offsets, strict=True)]
+    def shift(starts: list, text_list: list[str]) -> list[torch.Tensor]:
+        # Client-relative starts -> rows of the stream: add each client's offset in it.
+        offsets = np.concatenate([[0], np.cumsum([len(t) for t in text_list])])[:-1].astype(int)
+        return [_index_tensor(s) + o for s, o in zip(starts, offsets.tolist(), strict=True)]
 
-    train_idx = shift(train_starts, _offsets(texts))
-    test_rows = shift(test_starts, _offsets(texts if test_texts is None else test_texts))
+    train_idx = shift(train_starts, texts)
+    test_rows = shift(test_starts, texts if test_texts is None else test_texts)
     all_test = torch.cat(test_rows) if test_rows else torch.zeros(0, dtype=torch.int64)
     stats = dict(stats, unknown_symbols=dict(sorted(unknown.items())),
                  unknown_total=int(sum(unknown.values())), clients=len(texts),

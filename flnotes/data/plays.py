@@ -77,8 +77,7 @@ def _is_alone_speaker(line: str, lone: bool = False) -> bool:
     if (len(line) > 40 or not _ALONE_SPEAKER.match(line) or _HEADING.match(line)
             or _ROMAN.match(line)):
         return False
-    words = line[:-1].split()
-    if not all(w[0].isupper() or w[0].isdigit() or w in _PARTICLES for w in words):
+    if not all(w[0].isupper() or w[0].isdigit() or w in _PARTICLES for w in line[:-1].split()):
         return False
     return not lone or line.upper() == line
 
