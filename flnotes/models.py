@@ -37,9 +37,8 @@ def _image(name: str, input_shape: Shape, sizes: tuple[int, ...] | None = None) 
     return shape[0]
 
 
-def _conv_net(
-    in_channels: int, convs: tuple[tuple[int, int], ...], features: int, widths: tuple[int, ...]
-) -> nn.Sequential:
+def _conv_net(in_channels: int, convs: tuple[tuple[int, int], ...], features: int,
+              widths: tuple[int, ...]) -> nn.Sequential:
     """conv5x5 -> ReLU -> max-pool 2 for each (channels, padding), flatten, fc layers with ReLU.
 
     Children are named (conv1, fc1, ...) so state_dict keys read conv1.weight, fc2.bias, ...
@@ -60,8 +59,6 @@ def _conv_net(
 
 
 # --- small CNNs and the MLP ------------------------------------------------------------------
-
-
 def cnn(num_classes: int, input_shape: Shape) -> nn.Module:
     """CNN of McMahan et al. 2017: conv5x5 32, pool, conv5x5 64, pool, fc 512, fc classes."""
     c = _image("cnn", input_shape, (32, 28))
@@ -100,8 +97,6 @@ def mlp(num_classes: int, input_shape: Shape) -> nn.Module:
 
 
 # --- ResNets ---------------------------------------------------------------------------------
-
-
 class PadShortcut(nn.Module):
     """He et al.'s option-A shortcut: subsample by the stride and zero-pad the new channels."""
 
@@ -119,14 +114,8 @@ class PadShortcut(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convs with normalisation, plus a shortcut (identity, 1x1 projection or pad)."""
 
-    def __init__(
-        self,
-        in_ch: int,
-        out_ch: int,
-        stride: int,
-        norm: Callable[[int], nn.Module],
-        shortcut: str,
-    ) -> None:
+    def __init__(self, in_ch: int, out_ch: int, stride: int, norm: Callable[[int], nn.Module],
+                 shortcut: str) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, padding=1, bias=False)
         self.norm1 = norm(out_ch)
@@ -137,9 +126,8 @@ class BasicBlock(nn.Module):
             if shortcut == "pad":  # option A
                 self.shortcut = PadShortcut(stride, out_ch - in_ch)
             else:  # option B: 1x1 conv + norm, as torchvision and kuangliu's CIFAR ResNet
-                self.shortcut = nn.Sequential(
-                    nn.Conv2d(in_ch, out_ch, 1, stride, bias=False), norm(out_ch)
-                )
+                self.shortcut = nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride, bias=False),
+                                              norm(out_ch))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Residual block; no in-place ops, so it works under torch.func.vmap."""
@@ -151,15 +139,8 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet: 3x3 stem with stride 1 and no max-pool, stages, global avg pool, fc."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        num_classes: int,
-        widths: tuple[int, ...],
-        blocks: tuple[int, ...],
-        norm: Callable[[int], nn.Module],
-        shortcut: str,
-    ) -> None:
+    def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...],
+                 blocks: tuple[int, ...], norm: Callable[[int], nn.Module], shortcut: str) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, widths[0], 3, 1, padding=1, bias=False)
         self.norm1 = norm(widths[0])
@@ -191,17 +172,14 @@ def resnet18(num_classes: int, input_shape: Shape) -> nn.Module:
     return ResNet(c, num_classes, (64, 128, 256, 512), (2, 2, 2, 2), nn.BatchNorm2d, "conv")
 
 
-def _group_norm(channels: int) -> nn.Module:
-    return nn.GroupNorm(2, channels)
-
-
 def resnet18_gn(num_classes: int, input_shape: Shape) -> nn.Module:
     """CIFAR ResNet-18 with GroupNorm(2, C) in place of every BatchNorm (FedUp, after FedDyn)."""
     # FedUp Sec. 6.1.2 uses "ResNet18 with group normalisation, following FedDyn"; FedDyn's code
     # uses 2 groups. Its stem is torchvision's ImageNet one (7x7/2 + max-pool); we keep the
     # CIFAR stem of `resnet18` so the two models differ only in normalisation.
     c = _image("resnet18-gn", input_shape)
-    return ResNet(c, num_classes, (64, 128, 256, 512), (2, 2, 2, 2), _group_norm, "conv")
+    return ResNet(c, num_classes, (64, 128, 256, 512), (2, 2, 2, 2),
+                  lambda channels: nn.GroupNorm(2, channels), "conv")
 
 
 def resnet20(num_classes: int, input_shape: Shape) -> nn.Module:
@@ -213,7 +191,6 @@ def resnet20(num_classes: int, input_shape: Shape) -> nn.Module:
 
 
 # --- VGG and LSTM ----------------------------------------------------------------------------
-
 VGG16_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
 
@@ -274,19 +251,10 @@ def lstm_100(num_classes: int, input_shape: Shape) -> nn.Module:
 
 
 # --- registry --------------------------------------------------------------------------------
-
 MODELS: dict[str, Callable[..., nn.Module]] = {
-    "cnn": cnn,
-    "lenet-cifar": lenet_cifar,
-    "resnet18": resnet18,
-    "resnet18-gn": resnet18_gn,
-    "resnet20": resnet20,
-    "vgg16": vgg16,
-    "lstm": lstm,
-    "lstm-100": lstm_100,
-    "mlp": mlp,
-    "lenet5": lenet5,
-    "femnist-cnn": femnist_cnn,
+    "cnn": cnn, "lenet-cifar": lenet_cifar, "resnet18": resnet18, "resnet18-gn": resnet18_gn,
+    "resnet20": resnet20, "vgg16": vgg16, "lstm": lstm, "lstm-100": lstm_100, "mlp": mlp,
+    "lenet5": lenet5, "femnist-cnn": femnist_cnn,
 }
 
 
