@@ -104,11 +104,10 @@ def pack_windows(texts: list[str], train_starts: list, test_starts: list, names:
     stats = dict(stats, unknown_symbols=dict(sorted(unknown.items())),
                  unknown_total=int(sum(unknown.values())), clients=len(texts),
                  train_samples=int(sum(len(t) for t in train_idx)), test_samples=len(all_test))
-    return LeafData(
-        "shakespeare", train_x, stream[seq_len:], test_view[all_test],
-        test_stream[all_test + seq_len], NUM_LETTERS, client_indices=train_idx,
-        client_test_indices=consecutive_blocks([len(r) for r in test_rows]),
-        client_names=list(names), stats=stats)
+    return LeafData("shakespeare", train_x, stream[seq_len:], test_view[all_test],
+                    test_stream[all_test + seq_len], NUM_LETTERS, client_indices=train_idx,
+                    client_test_indices=consecutive_blocks([len(r) for r in test_rows]),
+                    client_names=list(names), stats=stats)
 
 
 def check_max_samples(max_samples: int | None) -> None:

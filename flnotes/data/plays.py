@@ -61,10 +61,9 @@ def split_plays(text: str, default_title: str) -> list[tuple[str, list[str]]]:
 def detect_layout(lines: list[str]) -> str:
     """'indented' (1994 complete works) or 'alone' (speaker alone on a line), by counting cues."""
     indented = sum(bool(_INDENTED_SPEAKER.match(line)) for line in lines)
-    alone = sum(
-        1 for prev, line, nxt in zip([""] + lines[:-1], lines, lines[1:] + [""], strict=True)
-        if not prev.strip() and nxt.strip() and _is_alone_speaker(line.strip())
-    )
+    triples = zip([""] + lines[:-1], lines, lines[1:] + [""], strict=True)
+    alone = sum(1 for prev, line, nxt in triples
+                if not prev.strip() and nxt.strip() and _is_alone_speaker(line.strip()))
     return "indented" if indented > alone else "alone"
 
 
