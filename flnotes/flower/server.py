@@ -184,8 +184,7 @@ class FlowerStrategy(FlwrStrategy):
             raise RuntimeError(f"round {server_round}: no reply from client(s) {missing} "
                                f"within {self.timeout:g} s")
         results = [by_client[c] for c in clients]
-        row = self.sim.end_round(server_round, clients, starts, results,
-                                 time.perf_counter() - tic)
+        row = self.sim.end_round(server_round, clients, starts, results, time.perf_counter() - tic)
         # Flower's Result keeps training and evaluation apart: the clients' numbers (loss,
         # their extras) and the round's time are training; what the engine measured on the
         # global model (accuracy, loss, the method's round metrics) is server-side
