@@ -1,19 +1,17 @@
 """The client side: a ClientApp that trains one flnotes client with the engine's local training.
 
-A node is one flnotes client (its ``partition-id``). It builds the task and the method's
-strategy from the same RunConfig as the server, once per process (a Ray actor of Flower's
-simulation runs many nodes in turn, so the cache holds nothing of one node's own); the
-strategy object is used only for its local-training hooks (FedProx's penalty, FedSAM's
-gradient, FedNTD's teacher, FML's two models). Training is
-:func:`flnotes.engine.backends.train_clients` for the one client, with the batch order drawn
-from (seed, round, client) as in the engine, so a node trains exactly what the engine's
-backend would.
+A node is one flnotes client (its ``partition-id``). It builds the task and the method's strategy
+from the same RunConfig as the server, once per process (a Ray actor of Flower's simulation runs
+many nodes in turn, so the cache holds nothing of one node's own); the strategy object is used only
+for its local-training hooks (FedProx's penalty, FedSAM's gradient, FedNTD's teacher, FML's two
+models). Training is :func:`flnotes.engine.backends.train_clients` for the one client, with the
+batch order drawn from (seed, round, client) as in the engine, so a node trains exactly what the
+engine's backend would.
 
-What a node keeps between rounds: only FML's personal model, in ``context.state`` (Flower
-keeps a node's context on the node for the whole run, never sends it, and in the simulation
-engine keeps it across the actors that run the node). A per-node file would outlive the run
-and would have to be named and cleaned up; the context dies with the run, as the personal
-model does in the engine.
+What a node keeps between rounds: only FML's personal model, in ``context.state`` (Flower keeps a
+node's context on the node for the whole run, never sends it, and in the simulation engine keeps it
+across the actors that run the node). A per-node file would outlive the run and would have to be
+named and cleaned up; the context dies with the run, as the personal model does in the engine.
 """
 
 from __future__ import annotations
@@ -120,8 +118,7 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
         if fml:  # this node's personal model, and no other node's (the strategy is shared)
             strategy.personal = ({client: record_state(context.state[key], device)}
                                  if key in context.state else {})
-        [result] = train_clients(work, ClientView(strategy, anchor), round, [client], [start],
-                                 cfg)
+        [result] = train_clients(work, ClientView(strategy, anchor), round, [client], [start], cfg)
         metrics = {"num-examples": result.num_samples, "train_loss": result.train_loss,
                    **{k: float(v) for k, v in result.extra.items()
                       if isinstance(v, (int, float))}}
@@ -131,8 +128,7 @@ def client_app(config: RunConfig | None = None, *, dtype: str | None = None,
                 metrics["personal_accuracy"] = personal_accuracy(work, strategy, client)
         return Message(RecordDict({"arrays": state_record(result.state),
                                    "metrics": MetricRecord(metrics),
-                                   "config": ConfigRecord({"client": client})}),
-                       reply_to=message)
+                                   "config": ConfigRecord({"client": client})}), reply_to=message)
 
     return app
 
