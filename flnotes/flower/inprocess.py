@@ -1,13 +1,12 @@
 """A Flower Grid in one process: each message goes straight to the ClientApp, in order.
 
-Flower's simulation engine runs the ClientApps in Ray actors, which on a small machine takes
-seconds to start; this grid calls the same ClientApp object (``client_app(message,
-context)``, as a SuperNode does) with one Context per node that lives as long as the grid,
-so ``context.state`` persists across rounds as on a real node. The messages are Flower's own
-(``Message``, ``RecordDict``, ``ArrayRecord``): arrays cross as the bytes an ArrayRecord
-holds. What it leaves out is transport: no serialisation to protobuf, no SuperLink, no
-concurrency, no time-outs. A ClientApp that raises answers with an error message, as on
-Flower.
+Flower's simulation engine runs the ClientApps in Ray actors, which on a small machine takes seconds
+to start; this grid calls the same ClientApp object (``client_app(message, context)``, as a
+SuperNode does) with one Context per node that lives as long as the grid, so ``context.state``
+persists across rounds as on a real node. The messages are Flower's own (``Message``,
+``RecordDict``, ``ArrayRecord``): arrays cross as the bytes an ArrayRecord holds. What it leaves out
+is transport: no serialisation to protobuf, no SuperLink, no concurrency, no time-outs. A ClientApp
+that raises answers with an error message, as on Flower.
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ class InProcessGrid(Grid):
         try:
             return self.app(message, context)
         except Exception as err:  # noqa: BLE001 - a node's failure is its reply, as on Flower
-            return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"),
-                           reply_to=message)
+            return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=message)
 
 
 def run_in_process(config: RunConfig, *, dtype: str = "float32", task=None,
