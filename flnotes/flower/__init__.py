@@ -1,8 +1,7 @@
 """flnotes' methods on Flower (``pip install 'flnotes[flower]'``, Flower 1.x Message API).
 
-No framework offers FedMut, FedQP, FedMR or FedUp; Flower is where federated learning runs
-outside a simulation. This subpackage runs flnotes' own strategies there, not a second
-implementation of them:
+No framework offers FedMut, FedQP, FedMR or FedUp; Flower is where federated learning runs outside a
+simulation. This subpackage runs flnotes' own strategies there, not a second implementation of them:
 
 - :mod:`.server`: :class:`FlowerStrategy`, a ``flwr.serverapp.strategy.Strategy`` around the
   engine's :class:`~flnotes.engine.sim.Simulation` (the same sampling, ``dispatch``,
@@ -12,10 +11,9 @@ implementation of them:
 - :mod:`.records`: states <-> ``ArrayRecord``, Flower's run config -> ``RunConfig``;
 - :mod:`.inprocess`: an in-process ``Grid`` that hands each message to the ClientApp in
   the same process (tests and teaching; no Ray, no network);
-- :mod:`.dropin`: :class:`FedMut`, :class:`FedQP`, :class:`FedMR`, :class:`FedExP`,
-  :class:`CluSamp` and :class:`FedCross`, Flower ``FedAvg`` strategies for any ClientApp and
-  model (the user's own data and training), whose rounds are flnotes' strategies over the
-  ArrayRecords.
+- :mod:`.dropin`: :class:`FedMut`, :class:`FedQP`, :class:`FedMR`, :class:`FedExP`, :class:`CluSamp`
+  and :class:`FedCross`, Flower ``FedAvg`` strategies for any ClientApp and model (the user's own
+  data and training), whose rounds are flnotes' strategies over the ArrayRecords.
 
 How a round travels: the server samples clients as the engine does, from the stream
 (seed, "sample", round) or the strategy's ``select_clients``; each flnotes client index is a
