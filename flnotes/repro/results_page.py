@@ -17,8 +17,7 @@ folder gives the same page. It holds
   cannot tell; beside the papers' difference for the same cell (a seed method's own paper:
   FedMut Table 1, FedQP Table I, FedMR Table 1, FML Table 1; a baseline: the table its grid
   lands on; flnotes.repro.paper_tables) and the papers' cells themselves;
-- for methods with personal models (FML): personal against global accuracy, read the same
-  way;
+- for methods with personal models (FML): personal against global accuracy, read the same way;
 - the reading: that verdict as a sentence per difference, and how far from converged;
 - the settings and cost: the command that made the runs (the grid their cells name), the
   settings every run shares, each method's own, and the time its rounds took.
@@ -183,9 +182,8 @@ def convergence(groups: dict[tuple, dict[str, list[Run]]], window: int = 50) -> 
 
 
 def panel_title(setting: tuple, by_method: dict[str, list[Run]]) -> str:
-    """A panel's setting, with the model its runs trained where the label names another
-    (the tables' "CNN" row holds the seed code's LeNet: "CIFAR-10, CNN (model lenet-cifar),
-    dir=0.1")."""
+    """A panel's setting, with the model its runs trained where the label names another (the
+    tables' "CNN" row holds the seed code's LeNet: "CIFAR-10, CNN (model lenet-cifar), dir=0.1")."""
     models = sorted({str(r.config.get("model")) for runs in by_method.values() for r in runs
                      if r.config.get("model")})
     parts = [str(p) for p in setting]
@@ -197,7 +195,6 @@ def panel_title(setting: tuple, by_method: dict[str, list[Run]]) -> str:
 def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
     """One panel per setting: mean accuracy over seeds per method, band lowest-highest.
     Drawn with the current backend (a notebook's inline one; the command sets Agg)."""
-
     # One style per method on every panel (colour, dash and marker: lines that lie on top of
     # each other, FedProx on FedAvg, stay visible; FedAvg first)
     methods = list(dict.fromkeys(m for by_method in groups.values() for m in by_method))
@@ -231,8 +228,6 @@ def curves_figure(groups: dict[tuple, dict[str, list[Run]]]):
 
 # The reading figure's colour per verdict: green leads, red trails, grey cannot tell.
 VERDICT_COLOURS = {HOLDS: "#1b9e77", DOES_NOT_HOLD: "#d62728", CANNOT_TELL: "#808080"}
-
-
 DIVERGED_SEED = "a run of this seed diverged"  # the readings picture's legend for a ring
 
 
@@ -242,7 +237,6 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     of that seed diverged, as the page's table says), their mean (a bar) and the rule's
     verdict (the colour). Methods sorted by the mean; the spread the rule compares against
     is the width of each row's dots. None when no setting has a method beside FedAvg."""
-
     panels = {setting: [(m, late_reading(runs, by_method[BASELINE]),
                          {r.seed for r in runs + by_method[BASELINE] if r.status == "diverged"})
                         for m, runs in by_method.items() if m != BASELINE]
@@ -289,7 +283,6 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
 NOT_SETTINGS = {"run_dir", "data_dir", "data_source", "download", "checkpoint_every",
                 "record_states", "device", "backend", "compile", "eval_batch_size", "seed",
                 "partition_manifest"}
-
 
 # a partition's own setting: said only of runs with that partition
 PARTITION_SETTING = {"dirichlet_alpha": "dirichlet", "shards_per_client": "shards"}
