@@ -8,10 +8,9 @@ final and the best accuracy of each run are kept too, averaged the same way. Acc
 percent, like the papers' tables. A std of a single value is undefined: NaN.
 
 A run is found by its folder (``run.json`` + ``metrics.jsonl``, written by
-``flnotes.engine.sim.run``); the sweep's ``cell.json`` in a parent folder gives the paper table
-and the labels of the cell. Labels not given there are derived from the run's config
-(``cifar10`` -> ``CIFAR-10``, ``dirichlet`` with alpha 0.5 -> ``dir=0.5``, ``fedmut`` ->
-``FedMut``).
+``flnotes.engine.sim.run``); the sweep's ``cell.json`` in a parent folder gives the paper table and
+the labels of the cell. Labels not given there are derived from the run's config (``cifar10`` ->
+``CIFAR-10``, ``dirichlet`` with alpha 0.5 -> ``dir=0.5``, ``fedmut`` -> ``FedMut``).
 
 A cell whose runs differ from the paper's setting is marked: the setting of each table cell is
 the paper-scale expansion of the table's grid in sweeps/ (its preset, then the cell's values),
