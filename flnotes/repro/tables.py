@@ -602,7 +602,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
                   "over the last quarter of the evaluations; holds only when every seed leads "
                   "by more than the seeds disagree (flnotes/repro/reading.py)")
             print("\n".join(claims))
-    if args.results and len(failed):  # apart: how many were left out of the tables, and which
+    if args.results and len(failed):  # failed runs apart: how many were left out, and which
         count = len(failed)
         print(f"== failed: {count} run{'s' if count != 1 else ''} left out of every table")
         for _, run in failed.iterrows():
