@@ -68,14 +68,12 @@ def mutation_points(center: Sequence[float], update: Sequence[float], *, kind: s
     a rectangle); ``layerwise=False`` treats (x, y) as one vector: a circle of radius
     alpha * |g|, and with projection the outline of a fan (half circle and diameter).
     """
-
     glob, g = state_of(center), state_of(update)
     generator = torch_generator(seed, "toy-mutation")
     if kind == "gaussian":
         mutants = gaussian_mutations(glob, g, num_models, alpha, generator, layerwise=layerwise)
     elif kind == "sign":
-        mutants = sign_mutations(glob, g, num_models, alpha, beta, generator,
-                                 layerwise=layerwise)
+        mutants = sign_mutations(glob, g, num_models, alpha, beta, generator, layerwise=layerwise)
     else:
         raise ValueError(f"mutation kind must be 'sign' or 'gaussian', got {kind!r}")
     if qp_prob > 0:
@@ -93,18 +91,19 @@ def mutation_region(center: Sequence[float], update: Sequence[float], alpha: flo
     probability 1) applied to mutants on the disc's rim, then closed through the centre:
     the projection onto a half-plane maps the disc to the convex hull of its rim's image.
     """
-
     cx, cy = float(center[0]), float(center[1])
     radius = float(alpha) * math.hypot(float(update[0]), float(update[1]))
     angles = torch.linspace(0.0, 2 * math.pi, points + 1, dtype=torch.float64)[:-1]
     rim = torch.stack([cx + radius * angles.cos(), cy + radius * angles.sin()], dim=1)
     if not projected or radius == 0:  # alpha = 0 or g = 0: the region is the point itself
         return rim
+    from scipy.spatial import ConvexHull  # lazy: scipy costs ~0.5 s
+
     glob, g = state_of(center), state_of(update)
     moved = project_mutants(glob, [state_of(p.tolist()) for p in rim], g, 1.0,
                             torch_generator(0, "toy-region"), layerwise=False)
-    image = torch.tensor([point_of(m) for m in moved], dtype=torch.float64)
-    return _convex_hull(torch.cat([image, torch.tensor([[cx, cy]], dtype=torch.float64)]))
+    image = torch.tensor([point_of(m) for m in moved] + [(cx, cy)], dtype=torch.float64)
+    return image[torch.as_tensor(ConvexHull(image.numpy()).vertices)]  # in order round it
 
 
 def mutation_regions(center: Sequence[float], update: Sequence[float], alpha: float,
@@ -125,13 +124,6 @@ def mutation_regions(center: Sequence[float], update: Sequence[float], alpha: fl
     return regions
 
 
-def _convex_hull(points: torch.Tensor) -> torch.Tensor:
-    """The convex hull's vertices of points (N, 2), in order round it."""
-    from scipy.spatial import ConvexHull  # lazy: scipy costs ~0.5 s
-
-    return points[torch.as_tensor(ConvexHull(points.numpy()).vertices)]
-
-
 def mutation_round(fn, center: Sequence[float], update: Sequence[float], *, steps: int = 20,
                    lr: float = 0.05, **mutation) -> dict[str, torch.Tensor]:
     """One FedMut-style round on a single landscape ``fn`` (FedMut Fig. 2): mutate, descend, mean.
@@ -140,7 +132,6 @@ def mutation_round(fn, center: Sequence[float], update: Sequence[float], *, step
     is ``steps`` of plain gradient descent on ``fn``. Returns trajectory points: global (2, 2)
     = [center, mean of local models], dispatched (1, K, 2), local (1, K, 2).
     """
-
     mutants = mutation_points(center, update, **mutation).double()
     local = descend(fn, mutants, steps=steps, lr=lr)
     glob = torch.stack([torch.tensor(center, dtype=torch.float64), local.mean(0)])
@@ -156,7 +147,6 @@ TEACHING = {"dataset": "toy", "num_clients": 2, "clients_per_round": 2, "rounds"
 
 def toy_config(algorithm: str = "fedavg", **overrides):
     """A RunConfig for the toy with the notebooks' defaults; ``data_options`` are merged."""
-
     values = {**TEACHING, "algorithm": algorithm}
     if algorithm_class(algorithm).own_momentum:  # MimeLite, STEM: their momentum, not SGD's
         values["momentum"] = 0.0
@@ -167,7 +157,6 @@ def toy_config(algorithm: str = "fedavg", **overrides):
 
 def run_toy(algorithm: str = "fedavg", **overrides):
     """Run the toy with states recorded; returns (History, trajectory points)."""
-
     history = run(toy_config(algorithm, record_states=True, **overrides), progress=False)
     return history, trajectory_points(history)
 
@@ -198,7 +187,6 @@ def final_row(history) -> dict:
 
 def final_metrics(config_values: dict) -> dict:
     """Run one toy config (a dict of RunConfig fields) and return its final evaluation."""
-
     config = RunConfig(**config_values).replace(eval_every=config_values["rounds"])
     return final_row(run(config, progress=False))
 
@@ -208,14 +196,12 @@ def stacks_seeds(algorithm: str) -> bool:
     update of its own on the toy's model (FML, MimeLite, STEM, FedSMOO; not MOON, which
     trains as FedAvg on a model without a classifier head), whose batched update is slower
     on a CPU than its loop; those run seed after seed."""
-
     return not algorithm_class(algorithm).uses_custom_update(state_of((0.0, 0.0)))
 
 
 def stack_trains(algorithm: str) -> bool:
     """Whether the stack itself trains a method's clients (its seeds at once); the others
     (their own update, a teacher, a batch term) go seed by seed."""
-
     return stacks_seeds(algorithm) and trains_in_stack(algorithm_class(algorithm))
 
 
@@ -223,7 +209,6 @@ def method_rows(job: tuple[str, list[int], dict]) -> list[dict]:
     """Every seed of one method, as one stacked run (:func:`flnotes.engine.seeds.run_seeds`):
     per step the S seeds x K clients train as one batched computation, the same strategy
     code as every run. Returns one final row per seed, in seed order."""
-
     algorithm, seeds, overrides = job
     config = toy_config(algorithm, **overrides)
     config = config.replace(eval_every=config.rounds,
@@ -260,17 +245,15 @@ def warm_up(algorithms: Sequence[str]) -> None:
 
 
 def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 100,
-         processes: int = 1, stack: bool = True, progress: bool = False,
-         **overrides) -> list[dict]:
+         processes: int = 1, stack: bool = True, progress: bool = False, **overrides) -> list[dict]:
     """Every algorithm on the same toy federation for every seed: one final row per run.
 
-    ``stack`` (the default) trains each method's seeds as one stacked run (S seeds x K
-    clients per step, the vmap backend): on the two-parameter toy, where a step is mostly
-    fixed cost, that is several times faster than running the seeds one by one
-    (``stack=False``), and each seed's run equals its one-by-one run to float tolerance
-    (tests/test_toy.py). ``processes`` > 1 spreads the methods (stacked) or the runs over
-    worker processes; the rows are the same whatever the number of processes. ``progress``
-    shows a bar over the methods (or runs).
+    ``stack`` (the default) trains each method's seeds as one stacked run (S seeds x K clients per
+    step, the vmap backend): on the two-parameter toy, where a step is mostly fixed cost, that is
+    several times faster than running the seeds one by one (``stack=False``), and each seed's run
+    equals its one-by-one run to float tolerance (tests/test_toy.py). ``processes`` > 1 spreads the
+    methods (stacked) or the runs over worker processes; the rows are the same whatever the number
+    of processes. ``progress`` shows a bar over the methods (or runs).
 
     A method's rows are kept (the last :data:`RACES_KEPT` methods' races): a run is a function
     of its config and seed, so a later race of the same method, seeds and setting (notebook
@@ -279,7 +262,6 @@ def race(algorithms: Sequence[str] | None = None, seeds: int | Sequence[int] = 1
     seeds it lacks (rows equal to their own race to float tolerance: a stack of other seeds
     around them changes only the last bits); :func:`forget_races` drops them.
     """
-
     # One race at a time: an explorer's worker thread may be racing. A worker waiting here
     # for another thread's race can still be stopped (a newer move need not wait for both).
     while not _RACING.acquire(timeout=0.05):
@@ -376,8 +358,7 @@ def _kept_rows(key) -> list[dict] | None:
                  if k[2][:n] == key[2]), None)
 
 
-def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
-              **overrides) -> bool:
+def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True, **overrides) -> bool:
     """Whether :func:`race` keeps this method's rows for these seeds and setting (a race of
     it would return at once)."""
     seeds = list(range(seeds) if isinstance(seeds, int) else seeds)
@@ -388,7 +369,6 @@ def kept_race(algorithm: str, seeds: int | Sequence[int], stack: bool = True,
 def ship_default_race(path=shipped.PATH, seeds: int = shipped.SEEDS, processes: int = 1):
     """Run notebook 04's default race of every method from scratch and write it where
     :func:`race` reads it (flnotes.toy.shipped); returns the file's path."""
-
     forget_races()
     races = []
     for algorithm in algorithm_names():
@@ -414,7 +394,6 @@ def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tupl
     is another method), the seeds and stacking (stacked rows equal one-by-one rows to float
     tolerance, not bit for bit). None, never kept: a race whose runs also write somewhere
     (a run folder, loggers asked for in the environment), which a kept race would skip."""
-
     if overrides.get("run_dir") or os.environ.get(ENV_LOGGERS):
         return None
     try:
@@ -429,21 +408,7 @@ def _race_key(algorithm: str, seeds: list, stack: bool, overrides: dict) -> tupl
 def _run_races(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
                progress: bool, overrides: dict) -> list[list[dict]]:
     """Each method's rows, run now."""
-    # The toy's model is two numbers without a classifier head, so FedGen and MOON run as
-    # FedAvg on it (their modules say so, as do notebook 04 and the README): once per race
-    # is not news, and in a notebook the warning reads like an error. Per thread: an
-    # explorer's worker races while a cell may record warnings of its own.
-    with expecting_fallbacks():
-        tic = time.perf_counter()
-        rows = _race(algorithms, seeds, processes, stack, progress, overrides)
-    if progress:
-        print(f"race: {sum(map(len, rows))} runs ({len(algorithms)} methods x {len(seeds)} "
-              f"seeds) in {time.perf_counter() - tic:.0f} s")
-    return rows
-
-
-def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
-          progress: bool, overrides: dict) -> list[list[dict]]:
+    tic = time.perf_counter()
     if stack:
         work, jobs = method_rows, [(a, seeds, overrides) for a in algorithms]
     else:
@@ -452,31 +417,40 @@ def _race(algorithms: list[str], seeds: list[int], processes: int, stack: bool,
                 for a in algorithms for s in seeds]
     bar = tqdm(jobs, desc=f"race: {len(algorithms)} methods x {len(seeds)} seeds",
                unit="method" if stack else "run", disable=not progress)
-    if processes <= 1:
-        results = [work(job) for job in bar]
-    else:
-        # fork (where there is one) skips re-importing torch in every worker, which costs
-        # more than a small race; each worker then runs single-threaded (tiny tensors gain
-        # nothing from threads), as DataLoader workers do.
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        # Stacked, the methods that run seed by seed take several times longer than the
-        # others: hand them out first, so the workers finish together.
-        order = (sorted(range(len(jobs)), key=lambda i: stack_trains(jobs[i][0])) if stack
-                 else list(range(len(jobs))))
-        with ProcessPoolExecutor(processes, mp_context=context,
-                                 initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            chunk = 1 if stack else max(1, len(jobs) // (4 * processes))
-            results = [None] * len(jobs)
-            for i, result in zip(order, pool.map(work, [jobs[i] for i in order],
-                                                 chunksize=chunk), strict=True):
-                results[i] = result
-                bar.update()
+    # The toy's model is two numbers without a classifier head, so FedGen and MOON run as
+    # FedAvg on it (their modules say so, as do notebook 04 and the README): once per race
+    # is not news, and in a notebook the warning reads like an error. Per thread: an
+    # explorer's worker races while a cell may record warnings of its own.
+    with expecting_fallbacks():
+        if processes <= 1:
+            results = [work(job) for job in bar]
+        else:
+            # fork (where there is one) skips re-importing torch in every worker, which costs
+            # more than a small race; each worker then runs single-threaded (tiny tensors
+            # gain nothing from threads), as DataLoader workers do.
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            # Stacked, the methods that run seed by seed take several times longer than the
+            # others: hand them out first, so the workers finish together.
+            order = (sorted(range(len(jobs)), key=lambda i: stack_trains(jobs[i][0])) if stack
+                     else list(range(len(jobs))))
+            with ProcessPoolExecutor(processes, mp_context=context,
+                                     initializer=torch.set_num_threads, initargs=(1,)) as pool:
+                chunk = 1 if stack else max(1, len(jobs) // (4 * processes))
+                results = [None] * len(jobs)
+                for i, result in zip(order, pool.map(work, [jobs[i] for i in order],
+                                                     chunksize=chunk), strict=True):
+                    results[i] = result
+                    bar.update()
     bar.close()
-    if stack:  # one list of rows per method already
-        return results
-    n = len(seeds)  # runs in method order, each method's seeds in a row
-    return [results[i * n:(i + 1) * n] for i in range(len(algorithms))]
+    # Stacked: one list of rows per method already; else runs in method order, each
+    # method's seeds in a row.
+    n = len(seeds)
+    rows = results if stack else [results[i * n:(i + 1) * n] for i in range(len(algorithms))]
+    if progress:
+        print(f"race: {sum(map(len, rows))} runs ({len(algorithms)} methods x {len(seeds)} "
+              f"seeds) in {time.perf_counter() - tic:.0f} s")
+    return rows
 
 
 def race_table(rows: Sequence[dict]) -> pd.DataFrame:
