@@ -58,7 +58,6 @@ def draw_landscape(ax, fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 121, level
     (X, Y, Z) of :func:`flnotes.toy.landscapes.grid` on this frame, if already computed.
     ``labels=False`` leaves the axes' labels as they are (a figure that sets its own).
     """
-
     gx, gy, z = (t.numpy() for t in (values if values is not None else grid(fn, xlim, ylim, num)))
     norm = None
     if log:
@@ -101,16 +100,14 @@ def colorbar_place(fig, width: float = 1.05) -> tuple[float, float, float, float
 
 
 def landscape_colorbar(ax, cax, label: str = "loss", bar=None):
-    """The colour bar of the landscape's filled contours in ``ax``, with round ticks (not
-    its levels), for every panel that shares its levels (colour carries a value, so it gets
-    a scale).
+    """The colour bar of the landscape's filled contours in ``ax``, with round ticks (not its
+    levels), for every panel that shares its levels (colour carries a value, so it gets a scale).
 
     ``bar``: a colour bar already in ``cax``, moved to the contours' levels and returned
     (a figure that draws new landscapes keeps one bar: a new bar in a cleared ``cax`` kept
     every earlier bar and its contours alive through the axes' locator, and made the
     figure's draws walk a chain of them).
     """
-
     mappable = next(c for c in ax.collections if isinstance(c, ContourSet) and c.filled)
     if bar is None:
         bar = cax.figure.colorbar(mappable, cax=cax, label=label)
@@ -147,7 +144,6 @@ def plot_landscape(fn, xlim=LIMITS[0], ylim=LIMITS[1], title: str | None = None,
 def plot_surface(fn, xlim=LIMITS[0], ylim=LIMITS[1], num: int = 81,
                  title: str | None = None) -> Figure:
     """A 3-D surface of a 2-D loss."""
-
     gx, gy, z = grid(fn, xlim, ylim, num)
     fig = plt.figure(figsize=(6, 4.5))
     ax = fig.add_subplot(projection="3d")
@@ -167,7 +163,6 @@ def plot_slices(fns: Mapping[str, object], start, end, extend: float = 0.0,
 
     The horizontal axis is x when the segment is not vertical, else y.
     """
-
     fig, ax = _axes(ax, figsize=(6.4, 3.6))
     axis = 0 if float(end[0]) != float(start[0]) else 1
     for index, (label, fn) in enumerate(fns.items()):
@@ -190,17 +185,15 @@ def mark_basins(ax, federation, flat: bool = True, sharp: bool = True) -> None:
     These are the discs that decide "flat" and "sharp" in every run's metrics (a final model
     inside the white one counts as flat); the circles carry legend labels that say so.
     """
-
     if flat:
         c = federation.flat_center.tolist()
         ax.add_patch(Circle(c, federation.flat_radius, fill=False, ls="--", color="white", lw=1.2,
                             label=f"flat basin (r = {federation.flat_radius:.2g})"))
     if sharp:
         for k, c in enumerate(federation.sharp_centers.tolist()):
-            ax.add_patch(Circle(c, federation.sharp_radius, fill=False, ls="--",
-                                color="orange", lw=1.0,
-                                label=None if k else
-                                f"sharp basins (r = {federation.sharp_radius:.2g})"))
+            label = None if k else f"sharp basins (r = {federation.sharp_radius:.2g})"
+            ax.add_patch(Circle(c, federation.sharp_radius, fill=False, ls="--", color="orange",
+                                lw=1.0, label=label))
 
 
 class ClientsFigure:
@@ -257,10 +250,8 @@ class ClientsFigure:
     def layout(self, clients: int) -> None:
         """Show ``clients`` client panels (at most ``most``), the figure's width and every
         panel's place as in a figure built for that many; the next :meth:`set` draws them."""
-
         if not 1 <= clients <= self.most:
-            raise ValueError(f"the figure has panels for 1 to {self.most} clients, not "
-                             f"{clients}")
+            raise ValueError(f"the figure has panels for 1 to {self.most} clients, not {clients}")
         self.clients = clients
         self.axes = [*self.all_axes[:clients], *self.all_axes[-2:]]
         n = len(self.axes)
@@ -287,7 +278,6 @@ class ClientsFigure:
     def set(self, federation, level: float = -0.5) -> Figure:
         """Draw ``federation`` (its first clients, as many as the panels) and the overlap of
         every client's region where its loss is below ``level``."""
-
         with _redrawn(self.drawn, self.axes):  # the last federation's drawing removed
             if federation.num_clients < self.clients:
                 raise ValueError(f"the figure has {self.clients} client panels; the "
@@ -318,9 +308,8 @@ class ClientsFigure:
             ax.set_title(f"overlap: loss < {level:.2f}")
             ax.legend(fontsize=7, loc="upper right")
         self.moving = self.not_frames(self.axes)
-        self.colorbar = landscape_colorbar(self.axes[0], self.cax,
-                                           label="loss (clients and global)",
-                                           bar=self.colorbar)
+        self.colorbar = landscape_colorbar(self.axes[0], self.cax, bar=self.colorbar,
+                                           label="loss (clients and global)")
         return self.fig
 
 
@@ -419,9 +408,8 @@ class TrajectoryFigure:
         self.axes = list(axes[0])
         self.xlim, self.ylim = xlim, ylim
         # Fixed margins, not tight_layout (whose tick layout costs a slider's redraw a fifth).
-        self.fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22)
-        if legend:
-            self.fig.subplots_adjust(bottom=0.24)
+        self.fig.subplots_adjust(left=0.07, right=0.98, top=0.92, wspace=0.22,
+                                 bottom=0.24 if legend else None)
         self.cax = colorbar_slot(self.fig)
         self.landscape: list = []  # what set_landscape drew
         self.colorbar = None
@@ -523,7 +511,6 @@ class MutantsFigure:
         landscape and colour bar drawn in place of the last ones; ``landscape=False`` moves
         the frame only (what the moving artists need when the figure's rendering of that
         window is kept), the landscape staying that of ``landscape_width``."""
-
         cx, cy = self.center
         xlim, ylim = (cx - half_width, cx + half_width), (cy - half_width, cy + half_width)
         self.half_width = half_width
@@ -550,7 +537,6 @@ class MutantsFigure:
         """``panels`` maps a title to the mutants (K, 2) a strategy sends; ``clouds`` the same
         titles to many more draws of the same mutation, which fill in its region; ``regions``
         the same titles to {"circle" | "fan": polygon (M, 2)} to shade."""
-
         cx, cy = self.center
         tip = (cx + arrow_scale * float(update[0]), cy + arrow_scale * float(update[1]))
         for ax, part, (title, mutants) in zip(self.axes, self.parts, panels.items(),
@@ -596,7 +582,6 @@ def draw_off_frame(ax, points, colors, xlim, ylim) -> tuple[int, float]:
     framed on the basins. Returns how many points were off the frame and their median
     distance from the origin (NaN when none).
     """
-
     pts = np.asarray(points, dtype=float).reshape(-1, 2)
     lo, hi = np.array((xlim, ylim), dtype=float).T  # the frame's corners (x, y)
     off = ((pts < lo) | (pts > hi)).any(axis=1)
@@ -674,7 +659,6 @@ class EndpointsFigure:
     def set(self, rows: Sequence[Mapping]) -> Figure:
         """Show ``rows`` (race rows: algorithm, x, y, accuracy), one method per panel, in the
         order of the methods' names."""
-
         algorithms = sorted({r["algorithm"] for r in rows})
         if len(algorithms) != len(self.axes):
             raise ValueError(f"{len(algorithms)} methods for {len(self.axes)} panels")
