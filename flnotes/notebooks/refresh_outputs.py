@@ -47,8 +47,7 @@ NOTEBOOKS = Path(__file__).resolve().parent
 SHIPPED_WITH_FIGURES = TEACHING
 # Stored whole as well: the reproduction notebooks' default runs and the stored-results ones.
 STORED_WHOLE = SHIPPED_WITH_FIGURES + ("10_reproduce_cifar", "11_reproduce_shakespeare",
-                                       "12_reproduce_fml", "20_tables_vs_paper",
-                                       "22_paper_figures")
+                                       "12_reproduce_fml", "20_tables_vs_paper", "22_paper_figures")
 
 
 def checked(cell) -> bool:
@@ -86,8 +85,7 @@ def _bar_text(model_id: str, state: dict) -> str | None:
     box = state.get(model_id, {}).get("state", {})
     children = [str(c).removeprefix("IPY_MODEL_") for c in box.get("children", [])]
     parts = [state.get(c, {}) for c in children]
-    bar = next((p["state"] for p in parts if p.get("model_name") == "FloatProgressModel"),
-               None)
+    bar = next((p["state"] for p in parts if p.get("model_name") == "FloatProgressModel"), None)
     if bar is None:
         return None
     texts = [p["state"].get("value", "") for p in parts if p.get("model_name") == "HTMLModel"]
@@ -119,13 +117,6 @@ def store_as_text(outputs: list, state: dict) -> list:
     return kept
 
 
-def _overwritten(text: str) -> str:
-    """Each line as a terminal shows it: what follows its last carriage return (a text
-    progress bar redraws its line so; stored, only its last state is kept)."""
-    return "\n".join(line.rsplit("\r", 1)[-1] if line.rstrip("\r") else line
-                     for line in text.split("\n"))
-
-
 def coalesce_streams(outputs: list) -> list:
     """Consecutive stream outputs of one stream as one output, each line as shown (how a
     cell's printed lines were split into messages depends on the machine's speed)."""
@@ -139,7 +130,11 @@ def coalesce_streams(outputs: list) -> list:
             kept.append(output)
     for output in kept:
         if output.get("output_type") == "stream" and "\r" in "".join(output["text"]):
-            output["text"] = _overwritten("".join(output["text"]))
+            # each line as a terminal shows it: what follows its last carriage return (a text
+            # progress bar redraws its line so; stored, only its last state is kept)
+            lines = "".join(output["text"]).split("\n")
+            output["text"] = "\n".join(line.rsplit("\r", 1)[-1] if line.rstrip("\r") else line
+                                       for line in lines)
     return kept
 
 
@@ -176,8 +171,7 @@ def refresh(path: Path, timeout: int = 1800) -> int:
     # explorers' figures are plain image outputs already, and their controls need a kernel.
     NotebookClient(executed, timeout=timeout, kernel_name="python3",
                    kernel_manager_class=quiet_kernel_manager(), store_widget_state=True,
-                   record_timing=False,
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+                   record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     state = executed.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     keep_all = path.stem in STORED_WHOLE
     changed = 0
@@ -231,9 +225,8 @@ def with_code_lines(text: str, defined: dict[str, list[str]]) -> str:
         path, line = where[0].rsplit(":", 1)
         return f"[`{match.group(1)}`](../{path}#L{line})"
 
-    paragraphs = text.split("\n\n")
     return "\n\n".join(CODE_NAME.sub(link, CODE_LINK.sub(r"\1", p))
-                       if p.startswith("**Code.**") else p for p in paragraphs)
+                       if p.startswith("**Code.**") else p for p in text.split("\n\n"))
 
 
 def write_code_lines() -> int:
