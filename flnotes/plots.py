@@ -56,8 +56,7 @@ class _ReadableLogLocator(Locator):
         self._linear.set_axis(axis)
 
     def __call__(self):
-        lo, hi = sorted(self.axis.get_view_interval())
-        return self.tick_values(lo, hi)
+        return self.tick_values(*self.axis.get_view_interval())  # tick_values sorts the two
 
     def tick_values(self, vmin, vmax):
         lo, hi = sorted((vmin, vmax))
@@ -92,8 +91,7 @@ class _SymlogLocator(Locator):
         self.linthresh, self.most = linthresh, most
 
     def __call__(self):
-        lo, hi = sorted(self.axis.get_view_interval())
-        return self.tick_values(lo, hi)
+        return self.tick_values(*self.axis.get_view_interval())  # tick_values sorts the two
 
     def tick_values(self, vmin, vmax):
         lo, hi = sorted((vmin, vmax))
@@ -118,10 +116,8 @@ def plain_symlog_ticks(ax, linthresh: float, axis: str = "y", most: int = 10) ->
     target.set_minor_formatter(NullFormatter())
 
 
-def plot_learning_curves(
-    histories: Mapping[str, object] | Sequence[object], metric: str = "accuracy",
-    title: str | None = None,
-) -> Figure:
+def plot_learning_curves(histories: Mapping[str, object] | Sequence[object],
+                         metric: str = "accuracy", title: str | None = None) -> Figure:
     """Metric per round for one or more runs, one line each (label: name or algorithm), each
     in its own colour, line style and marker (:func:`line_style`)."""
     if not isinstance(histories, Mapping):
