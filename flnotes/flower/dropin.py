@@ -418,9 +418,8 @@ class DropInStrategy(FedAvg):
             return None, None
         results.sort(key=lambda r: r.client)  # the engine's order: a sum's order decides bits
         state = self.strategy.aggregate(server_round, results)
-        metrics = self.train_metrics_aggr_fn([r.content for r in valid
-                                              if r.metadata.src_node_id in client_of],
-                                             self.weighted_by_key)
+        contents = [r.content for r in valid if r.metadata.src_node_id in client_of]
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         metrics.update({k: float(v) for k, v in self.strategy.round_metrics(None).items()})
         self._arrays = state_record(state)
         self._save(server_round)
