@@ -26,13 +26,11 @@ def plot_slices(slices: Mapping[str, dict], title: str | None = None) -> Figure:
     """Loss and accuracy along a 1-D filter-normalised slice, one line per model."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, (name, sl) in enumerate(slices.items()):  # colour, dash and marker per model
-        axes[0].plot(_np(sl["alphas"]), _np(sl["loss"]), ms=3, label=name, **line_style(i))
-        axes[1].plot(_np(sl["alphas"]), _np(sl["accuracy"]), ms=3, label=name,
-                     **line_style(i))
+        for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
+            ax.plot(_np(sl["alphas"]), _np(sl[metric]), ms=3, label=name, **line_style(i))
     axes[0].set_yscale("log")  # losses of different models differ by orders of magnitude
     for ax, label in zip(axes, ("loss", "accuracy"), strict=True):
-        ax.set_xlabel("step along the direction (a)")
-        ax.set_ylabel(label)
+        ax.set(xlabel="step along the direction (a)", ylabel=label)
         ax.axvline(0.0, color="grey", lw=0.8, ls=":")
         ax.grid(alpha=0.3)
     axes[0].legend()
@@ -85,9 +83,7 @@ def plot_planes(planes: Mapping[str, dict], metric: str = "loss", relative: bool
         mappable = ax.contourf(aa, bb, z, levels=levels, cmap="viridis", extend="both")
         ax.contour(aa, bb, z, levels=levels, colors="white", linewidths=0.4)
         ax.plot(0, 0, "r*", ms=10)
-        ax.set_title(name)
-        ax.set_xlabel("a (direction 1)")
-        ax.set_aspect("equal")
+        ax.set(title=name, xlabel="a (direction 1)", aspect="equal")
         ax.locator_params(nbins=5)  # few ticks: short labels
     axes[0][0].set_ylabel("b (direction 2)")
     label = f"{metric} - {metric} at the model" if relative else metric
@@ -129,9 +125,7 @@ def plot_surfaces(planes: Mapping[str, dict], metric: str = "loss", relative: bo
         ax.plot_surface(aa, bb, np.where(z <= top, z, np.nan), cmap="viridis", vmin=floor,
                         vmax=top, linewidth=0)
         ax.set_zlim(floor, top)
-        ax.set_title(name)
-        ax.set_xlabel("a")
-        ax.set_ylabel("b")
+        ax.set(title=name, xlabel="a", ylabel="b")
     fig.suptitle(title or f"{metric} surfaces: every z window {height:.3g} tall from the model's "
                           "lowest point; higher values cut away")
     fig.tight_layout()
@@ -150,8 +144,7 @@ def plot_interpolation(paths: Mapping[str, dict], labels: Sequence[str] = ("A", 
             ax.axvline(t, color="grey", lw=0.8, ls=":")
             ax.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"),
                         ha="center", va="bottom")
-        ax.set_xlabel("t")
-        ax.set_ylabel(metric)
+        ax.set(xlabel="t", ylabel=metric)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend()
