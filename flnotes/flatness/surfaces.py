@@ -93,8 +93,7 @@ def model_directions(model: ModelLike, state: StateT, count: int = 2, *, seed: i
                      norm: str = "filter",
                      ignore_1d: bool = True) -> list[OrderedDict[str, torch.Tensor]]:
     """``count`` independent filter-normalised directions for a model's state (buffers zero)."""
-    template = template_of(model)
-    buffer_names = [n for n, _ in template.named_buffers()]
+    buffer_names = [n for n, _ in template_of(model).named_buffers()]
     return [random_direction(state, seed=seed, index=k, norm=norm, ignore_1d=ignore_1d,
                              buffers=buffer_names) for k in range(count)]
 
@@ -103,8 +102,7 @@ def model_directions(model: ModelLike, state: StateT, count: int = 2, *, seed: i
 @torch.no_grad()
 def evaluate_points(model: ModelLike, center: StateT, directions: Sequence[StateT],
                     coords: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *,
-                    loss_fn: LossFn = F.cross_entropy, batch_size: int = 500,
-                    chunk_size: int = 16,
+                    loss_fn: LossFn = F.cross_entropy, batch_size: int = 500, chunk_size: int = 16,
                     device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """Loss and accuracy (P,) at the P points center + coords[p] @ directions, over (x, y).
 
@@ -152,25 +150,20 @@ def evaluate_points(model: ModelLike, center: StateT, directions: Sequence[State
     return {"loss": torch.cat(losses).cpu(), "accuracy": torch.cat(accs).cpu()}
 
 
-def _steps(span: float, num: int) -> torch.Tensor:
-    return torch.linspace(-span, span, num, dtype=torch.float64)
-
-
 def loss_slice(model: ModelLike, state: StateT, x: torch.Tensor, y: torch.Tensor, *,
                direction: StateT | None = None, span: float = 1.0, num: int = 21,
                seed: int = 0, ignore_1d: bool = True, **eval_options) -> dict[str, torch.Tensor]:
     """1-D slice L(w + a d), a in [-span, span]: {alphas, loss, accuracy}; d random by default."""
     if direction is None:
         (direction,) = model_directions(model, state, 1, seed=seed, ignore_1d=ignore_1d)
-    alphas = _steps(span, num)
+    alphas = torch.linspace(-span, span, num, dtype=torch.float64)
     out = evaluate_points(model, state, [direction], alphas[:, None], x, y, **eval_options)
     return {"alphas": alphas, **out}
 
 
 def loss_plane(model: ModelLike, state: StateT, x: torch.Tensor, y: torch.Tensor, *,
                directions: Sequence[StateT] | None = None, span: float = 1.0, num: int = 21,
-               seed: int = 0, ignore_1d: bool = True,
-               **eval_options) -> dict[str, torch.Tensor]:
+               seed: int = 0, ignore_1d: bool = True, **eval_options) -> dict[str, torch.Tensor]:
     """2-D plane L(w + a d1 + b d2) on a num x num grid: {alphas, betas, loss, accuracy}.
 
     ``loss[i, j]`` is at (a = alphas[j], b = betas[i]) (rows follow the second direction,
@@ -178,7 +171,7 @@ def loss_plane(model: ModelLike, state: StateT, x: torch.Tensor, y: torch.Tensor
     """
     if directions is None:
         directions = model_directions(model, state, 2, seed=seed, ignore_1d=ignore_1d)
-    alphas = betas = _steps(span, num)
+    alphas = betas = torch.linspace(-span, span, num, dtype=torch.float64)
     bb, aa = torch.meshgrid(betas, alphas, indexing="ij")
     coords = torch.stack([aa.reshape(-1), bb.reshape(-1)], dim=1)
     out = evaluate_points(model, state, directions, coords, x, y, **eval_options)
@@ -221,8 +214,7 @@ def sharpness_table(models: Mapping[str, StateT], model_factory: ModelLike, x: t
     for name, state in models.items():
         state = clone_state(state)
         here = evaluate_points(model_factory, state, [], torch.zeros(1, 0), x, y, **common)
-        eig = top_eigenvalue(model_factory, state, hx, hy, iters=power_iters, seed=seed,
-                             **common)
+        eig = top_eigenvalue(model_factory, state, hx, hy, iters=power_iters, seed=seed, **common)
         trace = hessian_trace(model_factory, state, hx, hy, samples=trace_samples, seed=seed,
                               **common)
         sam = sam_sharpness(model_factory, state, hx, hy, rho=rho, **common)
