@@ -237,8 +237,7 @@ class CharLSTM(nn.Module):
         return self.fc(out[:, -1])
 
 
-def lstm(num_classes: int, input_shape: Shape, hidden: int = 256,
-         name: str = "lstm") -> nn.Module:
+def lstm(num_classes: int, input_shape: Shape, hidden: int = 256, name: str = "lstm") -> nn.Module:
     """Shakespeare LSTM; the vocabulary is the set of classes (80 characters in LEAF)."""
     if len(input_shape) != 1 or input_shape[0] < 1:
         raise _bad_shape(name, input_shape, "(L,): a sequence of L token ids, e.g. (80,)")
