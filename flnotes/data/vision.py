@@ -303,7 +303,7 @@ def load_idx_dataset(data_dir: Path, download: bool, seed: int, name: str = "fas
         dirs.append(DEBIAN_FASHION_MNIST)
     files = _find_idx_dir(dirs)
     if files is None and download:
-        import torchvision  # lazy: slow to import, only for CIFAR
+        import torchvision  # lazy: slow to import, only to download MNIST or Fashion-MNIST
 
         getattr(torchvision.datasets, tv_name)(root=str(data_dir), download=True)
         files = _find_idx_dir(dirs)
