@@ -327,10 +327,6 @@ class DropInStrategy(FedAvg):
             raise ValueError(self._message(str(err))) from None
         self.sizes = {}
 
-    def _sample_size(self, server_round: int) -> int:
-        """K, the round's number of clients (FedMR: see its class)."""
-        return self.clients_per_round
-
     def _connected(self, grid: Grid) -> list[int]:
         """The clients whose nodes are connected now, in client order; a node not seen
         before becomes the next client (several: in node-id order)."""
@@ -339,10 +335,11 @@ class DropInStrategy(FedAvg):
             self.nodes += sorted(connected - set(self.nodes))
         return [k for k, node in enumerate(self.nodes) if node in connected]
 
-    def _select(self, server_round: int, available: list[int]) -> list[int]:
-        """The round's clients, as the engine picks them (Simulation.begin_round), from
-        ``available`` (positions in it: all clients when every node is connected)."""
-        size = min(self._sample_size(server_round), len(available))
+    def _select(self, server_round: int, available: list[int], size: int) -> list[int]:
+        """The round's clients, ``size`` of them (K; fewer: see _OneModelPerClient), as the
+        engine picks them (Simulation.begin_round), from ``available`` (positions in it: all
+        clients when every node is connected)."""
+        size = min(size, len(available))
         known = [self.sizes[c] for c in range(len(self.nodes)) if c in self.sizes]
         fallback = sum(known) / len(known) if known else 1.0
         sizes = [self.sizes.get(c, fallback) for c in range(len(self.nodes))]
@@ -368,7 +365,7 @@ class DropInStrategy(FedAvg):
             self._begin(arrays, grid)
             self._arrays = arrays
         available = self._connected(grid)
-        clients = self._select(server_round, available) if available else []
+        clients = self._select(server_round, available, self.clients_per_round) if available else []
         if not clients:
             log.warning("configure_train: no node is connected; round %d trains nobody",
                         server_round)
@@ -471,17 +468,14 @@ class _OneModelPerClient(DropInStrategy):
         """Whether this round's clients start from the kept models."""
         return bool(getattr(self.strategy, self.kept))
 
-    def _sample_size(self, server_round: int) -> int:
-        """K; after a failed reply, as many clients as there are models kept."""
-        if self._keeps(server_round):
-            return min(len(getattr(self.strategy, self.kept)), self.clients_per_round)
-        return self.clients_per_round
-
-    def _select(self, server_round: int, available: list[int]) -> list[int]:
-        """K clients; the kept models cut to one per client when fewer are connected."""
-        clients = super()._select(server_round, available)
+    def _select(self, server_round: int, available: list[int], size: int) -> list[int]:
+        """K clients, or after a failed reply as many as there are models kept; the kept
+        models cut to one per client when fewer are connected."""
+        if not self._keeps(server_round):
+            return super()._select(server_round, available, size)
         kept = getattr(self.strategy, self.kept)
-        if self._keeps(server_round) and len(clients) < len(kept):
+        clients = super()._select(server_round, available, min(len(kept), size))
+        if len(clients) < len(kept):
             setattr(self.strategy, self.kept, kept[:len(clients)])
         return clients
 
