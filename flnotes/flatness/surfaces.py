@@ -116,14 +116,12 @@ def evaluate_points(model: ModelLike, center: StateT, directions: Sequence[State
     coords = torch.as_tensor(coords, dtype=torch.float32).reshape(len(coords), -1)
     if coords.shape[1] != len(directions):
         raise ValueError(f"coords has {coords.shape[1]} columns for {len(directions)} directions")
+    base = {name: t.detach().to(device) for name, t in center.items()}
     moving: dict[str, torch.Tensor] = {}  # name -> (D, *shape) directions of varying layers
-    base: dict[str, torch.Tensor] = {}
-    for name, t in center.items():
-        t = t.detach().to(device)
+    for name, t in base.items():
         stack = [d[name].to(device, t.dtype) for d in directions] if t.is_floating_point() else []
         if stack and any(bool(s.any()) for s in stack):
             moving[name] = torch.stack(stack)
-        base[name] = t
     fixed = {n: t for n, t in base.items() if n not in moving}
 
     def point_metrics(params, xb, yb):
