@@ -71,8 +71,8 @@ def palette_png(encoded: str) -> str:
         quantised = image.convert("RGBA").quantize(256, method=Image.Quantize.FASTOCTREE)
     buffer = io.BytesIO()
     quantised.save(buffer, format="png", optimize=True)
-    smaller = buffer.getvalue()
-    return base64.b64encode(smaller).decode("ascii") if len(smaller) < len(encoded) else encoded
+    smaller = base64.b64encode(buffer.getvalue()).decode("ascii")  # compared as stored
+    return smaller if len(smaller) < len(encoded) else encoded
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
