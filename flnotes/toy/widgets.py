@@ -77,16 +77,14 @@ class Explorer:
                  prepare: Callable[[dict], object] | None = None) -> None:
         _settle_garbage_collector()
         _stop_other_workers(None)  # a cell run again: its old explorer's race is not wanted
-        self.draw = draw
-        self.preview, self.prepare = preview, prepare
+        self.draw, self.preview, self.prepare = draw, preview, prepare
         self.moves = 0  # redraws asked for so far: a worker's result for an older one is stale
         self._worker: tuple[threading.Thread, threading.Event] | None = None
         self.last_preview: bytes | None = None  # the quick picture the last redraw showed
         self.scene = scene  # if given, redraws move its kept figure's artists (see Scene)
         self.controls = dict(controls)
         self.idle, self.note_of, self.follow = idle, note, follow
-        self.reasons = {name: W.HTML("", layout=W.Layout(margin="0 0 0 8px"))
-                        for name in self.controls}
+        self.reasons = {n: W.HTML("", layout=W.Layout(margin="0 0 0 8px")) for n in self.controls}
         self.busy = {name: W.HTML("", layout=W.Layout(margin="0 0 0 4px", min_width="70px"))
                      for name in self.controls}
         self.note = W.HTML("")
@@ -461,11 +459,7 @@ class Scene:
         while len(self._kept) > self.KEPT:
             del self._kept[next(iter(self._kept))]
         fig = drawing.fig
-        fig.canvas.restore_region(background)
-        # In the order a full draw paints them: by zorder, ties in their own order.
-        for artist in sorted(drawing.moving, key=lambda a: a.get_zorder()):
-            if artist.get_visible():
-                fig.draw_artist(artist)
+        _paint(fig, background, drawing.moving)
         buffer = io.BytesIO()
         PILImage.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(
             buffer, format="png", compress_level=1)
@@ -481,12 +475,8 @@ class Scene:
             return cls._render_background(drawing, drawing.moving)
         if kept.frames is None:
             kept.frames = cls._render_background(drawing, [*drawing.moving, *layered])
-        fig = drawing.fig
-        fig.canvas.restore_region(kept.frames)
-        for artist in sorted(layered, key=lambda a: a.get_zorder()):
-            if artist.get_visible():
-                fig.draw_artist(artist)
-        return fig.canvas.copy_from_bbox(fig.bbox)
+        _paint(drawing.fig, kept.frames, layered)
+        return drawing.fig.canvas.copy_from_bbox(drawing.fig.bbox)
 
     @staticmethod
     def _render_background(drawing, hidden: list):
@@ -510,6 +500,15 @@ class Scene:
                 artist.set_visible(visible)
             for artist, position in placed:
                 artist.set_position(position)
+
+
+def _paint(fig: Figure, background, artists) -> None:
+    """Restore ``background`` on ``fig``'s canvas and draw the visible ``artists`` onto it,
+    in the order a full draw paints them: by zorder, ties in their own order."""
+    fig.canvas.restore_region(background)
+    for artist in sorted(artists, key=lambda a: a.get_zorder()):
+        if artist.get_visible():
+            fig.draw_artist(artist)
 
 
 class _Kept:
@@ -644,8 +643,7 @@ def _mutation_panels(center: tuple, update: tuple, alpha: float, beta: float, qp
     common = {"kind": kind, "alpha": alpha, "beta": beta, "layerwise": layerwise, "seed": seed}
     panels, clouds, regions = {}, {}, {}
     for title, p in ((f"FedMut ({kind})", 0.0), (f"FedQP ({kind}, p={qp_prob:.2f})", qp_prob)):
-        panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p,
-                                        **common)
+        panels[title] = mutation_points(center, update, num_models=num_models, qp_prob=p, **common)
         clouds[title] = mutation_points(center, update, num_models=400, qp_prob=p, **common)
         # A whole-vector Gaussian mutation reaches a region: shade it (FedQP Fig. 1).
         regions[title] = mutation_regions(center, update, alpha, p, layerwise, kind)
@@ -724,32 +722,29 @@ class ClientsScene(Scene):
         clients = int(values["num_clients"])
         if drawing.clients != clients:  # the shared figure, last shown for another number
             drawing.layout(clients)
-        fed = make_federation("fedmut-fig1", num_clients=clients,
-                              shift=float(values["shift"]),
+        fed = make_federation("fedmut-fig1", num_clients=clients, shift=float(values["shift"]),
                               depth_spread=float(values["depth_spread"]))
         drawing.set(fed, level=float(values["level"]))
 
     def _png(self, values: dict) -> bytes:
         """:meth:`Scene.png`'s picture; when it has just built the shared figure, the
-        frames of every other number of clients are rendered too (0.05 s each), so that a
-        student's first move to one draws only the landscapes, as later moves do."""
+        frames of every other number of clients the kept figures have room for are rendered
+        too (0.05 s each), so that a student's first move to one draws only the landscapes,
+        as later moves do."""
         built = self._panels is None
         out = super()._png(values)
         if built and self._panels is not None:
-            self._render_layouts(self._panels, self.key(values))
+            drawing = self._panels
+            for clients in range(1, self.most_clients + 1):
+                if clients in self._kept or len(self._kept) >= self.KEPT:
+                    continue
+                drawing.layout(clients)  # the next update lays it out for its own values
+                kept = _Kept(drawing, None)
+                kept.backgrounds[None] = self._render_background(drawing, drawing.not_frames())
+                self._kept[clients] = kept
+            shown = self.key(values)  # the number just drawn: kept the newest
+            self._kept[shown] = self._kept.pop(shown)
         return out
-
-    def _render_layouts(self, drawing, shown) -> None:
-        """The frames of every other number of clients the kept figures have room for,
-        ``shown`` (the number just drawn) kept the newest."""
-        for clients in range(1, self.most_clients + 1):
-            if clients in self._kept or len(self._kept) >= self.KEPT:
-                continue
-            drawing.layout(clients)  # the next update lays it out for its own values
-            kept = _Kept(drawing, None)
-            kept.backgrounds[None] = self._render_background(drawing, drawing.not_frames())
-            self._kept[clients] = kept
-        self._kept[shown] = self._kept.pop(shown)
 
 
 def draw_clients(shift: float = 1.0, depth_spread: float = 0.2, num_clients: int = 2,
@@ -876,9 +871,7 @@ def training_note(values: dict) -> str:
     method = values["algorithm"]
     if method == BASELINE:
         return ""
-    runs = _figure_runs(method, values["lr"], values["rounds"], values["alpha"],
-                        values["beta0"], values["shift"], values["start_x"],
-                        values["start_y"], values.get("seed", 0))  # the figure's own runs
+    runs = _figure_runs(**values)  # the figure's own runs
     ours, theirs = runs[method][1]["global"], runs[BASELINE][1]["global"]
     if ours.shape != theirs.shape or not torch.allclose(ours, theirs, atol=1e-6):
         return ""
@@ -908,8 +901,7 @@ def training_explorer(**defaults) -> Explorer:
         method = values["algorithm"]
         if reads(method, "alpha", "beta0"):
             return {}
-        why = (f"{method} has no mutation: alpha and beta0 are settings of "
-               f"{readers_text('alpha')}")
+        why = f"{method} has no mutation: alpha and beta0 are settings of {readers_text('alpha')}"
         return {"alpha": why, "beta0": why}
 
     scene = TrainingScene()
@@ -1038,8 +1030,7 @@ def preview_seeds(algorithm: str, rounds: int = 15) -> int:
 
 
 def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 0.1,
-              rounds: int = 15, seeds: int = RACE_SEEDS,
-              options: Mapping | None = None) -> Figure:
+              rounds: int = 15, seeds: int = RACE_SEEDS, options: Mapping | None = None) -> Figure:
     """Where FedAvg's and one method's final models end over the seeds (a mini race), each
     panel's share of flat runs with its 95% interval.
 
@@ -1092,8 +1083,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
         if seeds <= first or race_rows_kept(options=options, **values):
             return None
         return ({"seeds": first},
-                f"the first {first} of {seeds} seeds; the other {seeds - first} are "
-                "running...")
+                f"the first {first} of {seeds} seeds; the other {seeds - first} are running...")
 
     explorer = Explorer(partial(draw_race, options=options), controls,
                         "A mini race against FedAvg", idle=idle, follow=follow,
