@@ -85,15 +85,6 @@ def _gpu_count() -> int:
         return 0
 
 
-def _pin_worker(device: str | None, threads: int) -> None:
-    """Take a device slot in a worker; kernels started later inherit it."""
-    if device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = device
-    else:  # CPU: split the cores between workers instead of oversubscribing them
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(threads)
-
-
 def _watch_parent(parent: int) -> None:
     """Stop this worker, as the sweep's SIGTERM would, once its parent is gone: a sweep killed
     outright (SIGKILL, a closed terminal) leaves no cell running that nobody waits for. A
@@ -136,12 +127,17 @@ def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
     if os.getppid() != parent:  # the sweep died while this worker started
         os._exit(1)
     _watch_parent(parent)
-    _pin_worker(device, threads)
+    # The worker's device slot, which the kernel it starts inherits.
+    if device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device
+    else:  # CPU: split the cores between workers instead of oversubscribing them
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)
     try:
         record = run_cell(*job)
     except ValueError as err:  # cell.json not written (a full disk): one line, no traceback;
         # the sweep records the cell (or stops on the same disk with its own line)
-        print(f"sweep: cell {cell['id']}: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"sweep: cell {cell['id']}: {one_line(err)}", file=sys.stderr)
         sys.exit(1)
     if record.get("status") == RUNNING_ELSEWHERE:
         sys.exit(EXIT_ELSEWHERE)
@@ -156,12 +152,6 @@ RUNNING_ELSEWHERE = "running elsewhere"
 EXIT_ELSEWHERE = 3
 
 
-def _lock_cell(folder: Path):
-    """Hold the cell's ``cell.lock``: the open file (closing it lets go), or the holder's
-    line ("pid N on HOST since T") when another process runs the cell."""
-    return lock_file(folder / "cell.lock")
-
-
 def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
     """Execute one cell with papermill under its lock; write and return its cell.json record.
 
@@ -173,7 +163,9 @@ def run_cell(notebook: str, cell: dict, cell_dir: str, meta: dict) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     force = bool(meta.get("force"))
     meta = {k: v for k, v in meta.items() if k != "force"}
-    lock = _lock_cell(folder)
+    # The open cell.lock (closing it lets go), or the holder's line ("pid N on HOST since T")
+    # when another process runs the cell.
+    lock = lock_file(folder / "cell.lock")
     if isinstance(lock, str):
         return {**meta, **cell, "status": RUNNING_ELSEWHERE, "error": f"held by {lock}"}
     _HOLDING.add(cell_dir)
@@ -219,8 +211,7 @@ def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
         record["status"] = "completed"
     except KeyboardInterrupt:  # Ctrl-C, or the sweep stopping its workers
         record["status"] = "interrupted"
-        record["seconds"] = round(time.perf_counter() - tic, 2)
-        record["device"] = _devices_used(folder)
+        record.update(seconds=round(time.perf_counter() - tic, 2), device=_devices_used(folder))
         _write_json(folder / "cell.json", record)
         raise
     except Exception as err:  # a failed cell is recorded; the batch goes on
@@ -228,8 +219,7 @@ def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
         ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
         record["error"] = f"{ename}: {evalue}" if ename else f"{type(err).__name__}: {err}"
         record["traceback"] = traceback.format_exc(limit=3)[-4000:]
-    record["seconds"] = round(time.perf_counter() - tic, 2)
-    record["device"] = _devices_used(folder)
+    record.update(seconds=round(time.perf_counter() - tic, 2), device=_devices_used(folder))
     _write_json(folder / "cell.json", record)
     return record
 
@@ -366,13 +356,13 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
     if loggers:  # cells finished before: their runs' rounds into the store too, once
         _log_finished_cells(out, [c for c in cells if c not in todo], meta, progress)
     jobs = [(str(grid.notebook), vars(c), str(out / "cells" / c.id), meta) for c in todo]
-    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=grid.name, unit="cell",
-               disable=not progress)
+    done = len(cells) - len(todo)
+    bar = tqdm(total=len(cells), initial=done, desc=grid.name, unit="cell", disable=not progress)
     if log:
-        _log_line(f"sweep {grid.name}: {len(todo)} of {len(cells)} cells to run"
-                  + (f" ({len(cells) - len(todo)} done before)" if len(todo) < len(cells)
-                     else "") + f"; output {out}")
-    ended = [len(cells) - len(todo)]
+        before = f" ({done} done before)" if done else ""
+        _log_line(f"sweep {grid.name}: {len(todo)} of {len(cells)} cells to run{before}; "
+                  f"output {out}")
+    ended = [done]
 
     def cell_ended(record: dict) -> None:
         records[record["id"]] = record
@@ -383,9 +373,6 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
 
     try:
         if executor == "ray":
-            def on_record(record: dict) -> None:
-                cell_ended(record)
-
             def failed_record(job: tuple, error: str) -> dict:
                 record = _finished_record(job, 1)
                 if record.get("status") == "failed":
@@ -402,7 +389,7 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
                     records[record["id"]] = record
 
             try:
-                run_on_ray(run_cell, jobs, workers, address, on_record, failed_record,
+                run_on_ray(run_cell, jobs, workers, address, cell_ended, failed_record,
                            on_stop, **ray_options)
             except ValueError:  # a cluster that cannot run the cells: its line after the bar
                 bar.close()
@@ -416,11 +403,10 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
         bar.close()
         for cell in cells:  # the cell that was running (sequential) says so in its cell.json
             if cell.id not in records:
-                found = _read_record(out / "cells" / cell.id / "cell.json")
-                started = found is not None and found.get("status") in ("running",
-                                                                         "interrupted")
-                records[cell.id] = {**meta, **vars(cell), "status": "interrupted" if started
-                                    else "not started"}
+                found = _read_record(out / "cells" / cell.id / "cell.json") or {}
+                started = found.get("status") in ("running", "interrupted")
+                status = "interrupted" if started else "not started"
+                records[cell.id] = {**meta, **vars(cell), "status": status}
         summary = summarise([records[c.id] for c in cells], out)
         _write_file(out / "summary.csv", summary.to_csv(index=False).encode())
         raise SweepInterrupted(summary, stop) from None
@@ -435,7 +421,6 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
 def _log_finished_cells(out: Path, cells: list[Cell], meta: dict, progress: bool) -> None:
     """``--logger`` over cells that finished in an earlier sweep (they are not run again):
     each of their run folders' rounds into the store, unless the store holds it already."""
-
     folders = [run_json.parent for cell in cells
                for run_json in sorted((out / "cells" / cell.id).rglob("run.json"))]
     # MLflow's file store reads every run on each search: read it once for all folders
@@ -526,7 +511,6 @@ def _run_parallel(jobs: list, workers: int, cell_ended, records: dict) -> None:
     worker is stopped (SIGTERM; SIGKILL after a grace period), its cell recorded
     ``interrupted``, and the interrupt goes on up.
     """
-
     ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
     slots = device_slots(workers, os.environ.get("CUDA_VISIBLE_DEVICES"), _gpu_count())
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -536,8 +520,8 @@ def _run_parallel(jobs: list, workers: int, cell_ended, records: dict) -> None:
         while pending or running:
             while pending and free:
                 slot, job = free.pop(0), pending.pop(0)
-                process = ctx.Process(target=_worker, args=(job, slots[slot], threads,
-                                                            os.getpid()), daemon=False)
+                process = ctx.Process(target=_worker, daemon=False,
+                                      args=(job, slots[slot], threads, os.getpid()))
                 _start_ignoring_ctrl_c(process)
                 running[process.sentinel] = (process, job, slot)
             for sentinel in wait(list(running)):
@@ -546,8 +530,8 @@ def _run_parallel(jobs: list, workers: int, cell_ended, records: dict) -> None:
                 free.append(slot)
                 cell_ended(_finished_record(job, process.exitcode))
     except KeyboardInterrupt:
-        _stop_workers([(p, job) for p, job, _ in running.values()])
-        for _, job in [(p, job) for p, job, _ in running.values()]:
+        _stop_workers([process for process, _, _ in running.values()])
+        for _, job, _ in running.values():
             record = _finished_record(job, None)
             records[record["id"]] = record
         raise
@@ -579,25 +563,17 @@ def _finished_record(job: tuple, exitcode: int | None) -> dict:
     if record is not None and record.get("status") not in ("running", None):
         return record
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = _lock_cell(path.parent)  # the worker is gone: a holder now is another sweep
+    lock = lock_file(path.parent / "cell.lock")  # the worker is gone: a holder is another sweep
     if isinstance(lock, str):
         return {**elsewhere, "error": f"held by {lock}"}
+    record = {**(record or {**meta, **cell}), "status": "interrupted"}
+    if exitcode is not None:
+        record.update(status="failed",
+                      error=f"worker died (exit code {exitcode}) before recording the cell")
     try:
-        return _record_end(path, record, exitcode, meta, cell)
+        _write_json(path, record)
     finally:
         unlock_file(lock)
-
-
-def _record_end(path: Path, record: dict | None, exitcode: int | None, meta: dict,
-                cell: dict) -> dict:
-    """Write the cell.json of a worker that ended without a finished record."""
-    if exitcode is None:
-        record = {**(record or {**meta, **cell}), "status": "interrupted"}
-    else:
-        record = {**(record or {**meta, **cell}), "status": "failed",
-                  "error": f"worker died (exit code {exitcode}) before recording the cell"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, record)
     return record
 
 
@@ -612,13 +588,13 @@ def _elsewhere(record: dict, cell_dir: Path) -> dict:
     return record
 
 
-def _stop_workers(running: list, grace: float = 15.0) -> None:
+def _stop_workers(processes: list, grace: float = 15.0) -> None:
     """SIGTERM every worker (each records its cell interrupted), SIGKILL those that linger."""
-    for process, _ in running:
+    for process in processes:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    for process, _ in running:
+    for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
@@ -645,8 +621,7 @@ def summarise(records: list[dict], out: Path):
             status = "diverged" + (" (skipped)" if r.get("skipped") else "")
         rows.append({"cell": r["id"], **r.get("labels", {}),
                      "seed": seeds[0] if len(seeds) == 1 else ",".join(map(str, seeds)),
-                     "status": status,
-                     "seconds": r.get("seconds"),
+                     "status": status, "seconds": r.get("seconds"),
                      "acc_last10": None if mine is None or not len(mine)
                      else round(float(mine["acc_last_mean"].mean()), 2),
                      "error": (r.get("error") or "")[:120]})
@@ -716,8 +691,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             overrides[key.strip()] = read_yaml(value)
         except yaml.YAMLError as err:
-            problem = one_line(err)
-            raise GridError(f"--set {item!r}: the value is not YAML ({problem}); quote it, "
+            raise GridError(f"--set {item!r}: the value is not YAML ({one_line(err)}); quote it, "
                             f"e.g. {key.strip()}='{value}'") from None
     if args.list_grids:
         grids = shipped_grids()
@@ -752,9 +726,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         if args.address and args.executor != "ray":
             raise GridError("--address joins a Ray cluster: add --executor ray")
-        ray_flags = {name: getattr(args, name, None) for name in ("gpus_per_cell",
-                                                                  "cpus_per_cell", "retries")}
-        ray_flags = {name: value for name, value in ray_flags.items() if value is not None}
+        names = ("gpus_per_cell", "cpus_per_cell", "retries")
+        ray_flags = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
         if ray_flags and args.executor != "ray":
             flag = "--" + next(iter(ray_flags)).replace("_", "-")
             raise GridError(f"{flag} sizes the cells' Ray tasks: add --executor ray")
@@ -772,15 +745,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         done = int(stopped.summary["status"].isin(["completed", "skipped (done)"]).sum())
         print(f"sweep interrupted: {done} of {len(stopped.summary)} cells done and kept; run "
               "the same command again to run the rest", file=sys.stderr)
-
         return exit_code(stopped.stop)
     _print_summary(summary)
     failed = int((summary["status"] == "failed").sum()) if len(summary) else 0
     diverged = int(summary["status"].str.startswith("diverged").sum()) if len(summary) else 0
     elsewhere = int((summary["status"] == RUNNING_ELSEWHERE).sum()) if len(summary) else 0
-    print(f"{len(summary)} cells: {failed} failed" + (f", {diverged} diverged (the accuracy "
-                                                      "is from before the blow-up)"
-                                                      if diverged else ""))
+    note = f", {diverged} diverged (the accuracy is from before the blow-up)" if diverged else ""
+    print(f"{len(summary)} cells: {failed} failed{note}")
     if elsewhere:
         # Not a failure: another sweep on the same folder runs them; its summary has them.
         print(f"{elsewhere} cell(s) left to another sweep running in the same output folder "
