@@ -33,7 +33,6 @@ run folders resume on the next run) and keeps what finished.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import socket
 import threading
@@ -57,14 +56,14 @@ def _amount(flag: str, value, whole: bool = False) -> float | int:
     a ValueError of one line otherwise. Ray takes fractions only below 1 (0.25 of a GPU,
     never 1.5), and ``whole`` ones only."""
     kind = "a whole number" if whole else "a number"
+    bad = f"{flag} must be {kind} 0 or more, got {value!r}"
     try:
         number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
-        raise ValueError(f"{flag} must be {kind} 0 or more, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-        raise ValueError(f"{flag} must be {kind} 0 or more, got {value!r}")
-    if whole and number != int(number):
-        raise ValueError(f"{flag} must be {kind} 0 or more, got {value!r}")
+        raise ValueError(bad) from None
+    if (isinstance(value, bool) or not math.isfinite(number) or number < 0
+            or (whole and number != int(number))):
+        raise ValueError(bad)
     if number > 1 and number != int(number):
         raise ValueError(f"{flag} takes a fraction only below 1 (Ray shares one device "
                          f"between cells, never splits several), got {value!r}")
@@ -112,12 +111,6 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
                          "`ray start --head` running there, and the port open?)") from None
 
 
-def _node_most(ray, resource: str) -> float:
-    """The most of ``resource`` on one live node of the cluster."""
-    return max((node.get("Resources", {}).get(resource, 0.0) for node in ray.nodes()
-                if node.get("Alive")), default=0.0)
-
-
 def _task_resources(ray, gpus_per_cell: float | None, cpus_per_cell: float) -> tuple:
     """(GPUs, CPUs) each cell's task asks for; a ValueError of one line where no node could
     ever run one (Ray would wait for it for ever)."""
@@ -128,7 +121,9 @@ def _task_resources(ray, gpus_per_cell: float | None, cpus_per_cell: float) -> t
         raise ValueError(NO_GPUS)
     for amount, resource, flag in ((gpus_per_cell, "GPU", "--gpus-per-cell"),
                                    (cpus_per_cell, "CPU", "--cpus-per-cell")):
-        most = _node_most(ray, resource)
+        # the most of the resource on one live node
+        most = max((node.get("Resources", {}).get(resource, 0.0) for node in ray.nodes()
+                    if node.get("Alive")), default=0.0)
         if amount > most:
             raise ValueError(f"no node of the Ray cluster has {amount:g} {resource}s (the "
                              f"most on one node is {most:g}); lower {flag}")
@@ -141,21 +136,15 @@ def _run_in_task(run_cell: Callable[..., dict], gpus: float, cpus: float, job: t
     kernel takes this process's environment), then the cell."""
     import ray  # optional: only with --executor ray
 
+    from flnotes.repro.sweep import _environment  # here: flnotes.repro.sweep imports this module
+
     ids = [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
     threads = str(max(1, int(cpus)))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
            # no GPU asked: none visible (Ray leaves the variable unset, which shows them all)
            "CUDA_VISIBLE_DEVICES": ",".join(ids) if gpus else ""}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)  # the kernel papermill starts takes this process's environment
-    try:
+    with _environment(**env):  # restored after: a worker runs other tasks after this one
         return run_cell(*job)
-    finally:  # a worker runs other tasks after this one
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _route_sigterm(before, stops: list) -> None:
