@@ -15,6 +15,7 @@ sweep worker stopped by SIGTERM, which leaves by ``os._exit``) leaves it behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,3 +74,19 @@ def import_papermill():
         if hidden and sys.modules.get(SLOW_FORMAT_CHECKER, False) is None:
             del sys.modules[SLOW_FORMAT_CHECKER]
     return papermill
+
+
+@contextlib.contextmanager
+def kernel_environment(**values: str):
+    """Set environment variables for the block (a kernel started in it inherits them), then
+    restore them (a sweep worker or Ray task runs other cells after this one)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

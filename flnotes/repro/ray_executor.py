@@ -38,6 +38,8 @@ import socket
 import threading
 from collections.abc import Callable
 
+from flnotes.repro.kernel import kernel_environment
+
 INSTALL_HINT = "--executor ray needs Ray: pip install 'flnotes[ray]'"
 NO_GPUS = "the Ray cluster has no GPUs; drop --gpus-per-cell"
 CONNECT_TIMEOUT = 5.0  # seconds to wait for the head's port before giving up
@@ -136,14 +138,12 @@ def _run_in_task(run_cell: Callable[..., dict], gpus: float, cpus: float, job: t
     kernel takes this process's environment), then the cell."""
     import ray  # optional: only with --executor ray
 
-    from flnotes.repro.sweep import _environment  # here: flnotes.repro.sweep imports this module
-
     ids = [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
     threads = str(max(1, int(cpus)))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
            # no GPU asked: none visible (Ray leaves the variable unset, which shows them all)
            "CUDA_VISIBLE_DEVICES": ",".join(ids) if gpus else ""}
-    with _environment(**env):  # restored after: a worker runs other tasks after this one
+    with kernel_environment(**env):  # restored after: a worker runs other tasks after this one
         return run_cell(*job)
 
 

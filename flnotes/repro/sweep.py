@@ -64,7 +64,7 @@ from flnotes.repro.grid import (
     load_grid,
     shipped_grids,
 )
-from flnotes.repro.kernel import current_kernel, import_papermill
+from flnotes.repro.kernel import current_kernel, import_papermill, kernel_environment
 from flnotes.repro.notebooks import quiet_kernel_manager
 from flnotes.repro.ray_executor import _import_ray, cell_options, check_reachable, run_on_ray
 
@@ -203,7 +203,7 @@ def _run_cell(notebook: str, cell: dict, folder: Path, meta: dict) -> dict:
     tracking = (logger_environment(meta["loggers"], meta["logger_dir"], meta["logger_base"])
                 if meta.get("loggers") else {})
     try:
-        with _environment(PYTHONPATH=path, **tracking):
+        with kernel_environment(PYTHONPATH=path, **tracking):
             pm.execute_notebook(notebook, str(folder / "notebook.ipynb"), parameters=params,
                                 cwd=str(folder), progress_bar=False, log_output=False,
                                 kernel_name=current_kernel(),
@@ -234,21 +234,6 @@ def _devices_used(folder: Path) -> str | None:
         if device:
             devices.add(str(device))
     return ", ".join(sorted(devices)) or None
-
-
-@contextlib.contextmanager
-def _environment(**values: str):
-    """Set environment variables for the block (the kernel inherits them), then restore."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # How a sweep stopped by a full disk goes on (a cell's run folders resume on their own).
