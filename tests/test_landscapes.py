@@ -191,3 +191,13 @@ def test_fedmut_fig2_builds_for_any_number_of_clients(num_clients):
     # the global loss is the clients' mean
     mean = torch.stack([client(points) for client in fed.clients]).mean(0)
     assert torch.allclose(fed.global_landscape(points), mean, atol=1e-12)
+
+
+def test_fig2_marks_its_basins_by_the_widths_it_was_built_with():
+    # fig1's rule (flat basin 1.5 widths, sharp core 2.5 widths), read from the wells fig2
+    # built, defaults or not: it once kept its own copy of flat_and_sharp's default widths.
+    for widths in ({}, {"flat_width": 0.5, "sharp_width": 0.35}):
+        fed = L.fedmut_fig2(**widths)
+        flat, sharp = (min(w.width for w in fed.clients[0].wells if w.kind == kind)
+                       for kind in ("flat", "sharp"))
+        assert (fed.flat_radius, fed.sharp_radius) == (1.5 * flat, 2.5 * sharp)

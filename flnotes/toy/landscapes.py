@@ -233,8 +233,9 @@ def fedmut_fig2(num_clients: int = 2, shift: float = 0.3, **kwargs) -> Federatio
     offsets = client_offsets(num_clients, shift)
     clients = [Landscape(base.shifted((0.0, float(offsets[k, 0]))).wells, base.bowl,
                          base.bowl_center, name=f"client {k}") for k in range(num_clients)]
-    return Federation(clients, flat_radius=1.5 * kwargs.get("flat_width", 0.9),
-                      sharp_radius=2.5 * kwargs.get("sharp_width", 0.2), name="fedmut-fig2")
+    flat, sharp = base.wells[:2]  # flat_and_sharp's order; its widths, defaults included
+    return Federation(clients, flat_radius=1.5 * flat.width, sharp_radius=2.5 * sharp.width,
+                      name="fedmut-fig2")
 
 
 LANDSCAPES: dict[str, Callable[..., Federation]] = {

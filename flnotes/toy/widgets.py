@@ -678,6 +678,7 @@ def mutation_explorer(center=(0.0, 1.1), update=(0.12, 0.08), half_width: float 
         "num_models": W.IntSlider(value=d["num_models"], min=2, max=16, step=2,
                                   description="K mutants", continuous_update=False),
     }
+
     def idle(values: dict) -> dict[str, str]:
         if values["kind"] != "sign":
             return {"beta": "beta biases sign mutations: Gaussian mutants have no sign to "
