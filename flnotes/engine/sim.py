@@ -346,43 +346,37 @@ def run(config, *, progress: bool = True, task=None,
         raise ValueError(f"client_workers={client_workers!r} is invalid: give a whole number "
                          ">= 1 (1: the clients train in turn)")
     with threads_for(task, threads, on_gpu=resolve_device(config.device).type == "cuda"):
-        return _run(config, task, progress, on_round, track, client_workers, picked)
-
-
-def _run(config, task, progress: bool, on_round, track: bool,
-         client_workers: int = 1, picked: bool = False) -> History:
-    sim = Simulation(config, task=task)
-    sim.client_workers, sim.client_workers_picked = client_workers, picked
-    try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
-        tracker = environment_tracker(sim.config) if track else None
-    except BaseException:
-        sim.release()
-        raise
-    if tracker:
-        def on_round(row, _given=on_round):
-            tracker.log_round(row)
-            if _given is not None:
-                _given(row)
-    status, reloaded = "failed", sim.finished
-    try:
-        history = _run_rounds(sim, progress, on_round)
-        status = history.status
-        if tracker and reloaded:
-            tracker.backfill(history.rows)  # a finished folder reloaded: its rounds, once
-        return history
-    except KeyboardInterrupt:  # wherever it lands, before, in or after a round
-        status = "interrupted"
-        if not sim.finished:
-            sim.interrupt()
-        raise
-    except Exception as err:
-        if not sim.finished:
-            sim.fail(err)
-        raise
-    finally:
+        sim = Simulation(config, task=task)
+        try:  # a bad FLNOTES_LOGGERS (unknown name, package missing) lets go of the folder
+            tracker = environment_tracker(sim.config) if track else None
+        except BaseException:
+            sim.release()
+            raise
         if tracker:
-            tracker.close(status)
-        sim.release()
+            def on_round(row, _given=on_round):
+                tracker.log_round(row)
+                if _given is not None:
+                    _given(row)
+        status, reloaded = "failed", sim.finished
+        try:
+            history = _run_rounds(sim, progress, on_round, client_workers, picked)
+            status = history.status
+            if tracker and reloaded:
+                tracker.backfill(history.rows)  # a finished folder reloaded: its rounds, once
+            return history
+        except KeyboardInterrupt:  # wherever it lands, before, in or after a round
+            status = "interrupted"
+            if not sim.finished:
+                sim.interrupt()
+            raise
+        except Exception as err:
+            if not sim.finished:
+                sim.fail(err)
+            raise
+        finally:
+            if tracker:
+                tracker.close(status)
+            sim.release()
 
 
 def ignored_settings(config) -> list[str]:
@@ -391,7 +385,8 @@ def ignored_settings(config) -> list[str]:
     return list(algorithm_class(config.algorithm).config_warnings(config))
 
 
-def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
+def _run_rounds(sim: Simulation, progress: bool, on_round, workers: int,
+                picked: bool) -> History:
     if sim.finished:
         return sim.finish()
     config = sim.config
@@ -405,10 +400,9 @@ def _run_rounds(sim: Simulation, progress: bool, on_round) -> History:
             tqdm.write(f"warning: {sim.run_dir} began with {sim.threads_changed} CPU threads "
                        f"and goes on with {sim.history.environment.get('cpu_threads')}: CPU "
                        "results may differ in the last bits (run.json records each start)")
-    workers = getattr(sim, "client_workers", 1)
     reason = why_not(config, sim.strategy, workers)
     if reason is not None:
-        if progress and not getattr(sim, "client_workers_picked", False):
+        if progress and not picked:
             tqdm.write(f"client_workers={workers}: the clients train in turn ({reason})",
                        file=sys.stderr)
         workers = 1
