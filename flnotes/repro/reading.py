@@ -101,8 +101,7 @@ def late_window(rounds: np.ndarray, share: float = LATE_SHARE) -> np.ndarray:
 def pair_reading(seed: int, a: Curve, b: Curve, share: float = LATE_SHARE
                  ) -> SeedReading | None:
     """One seed's late difference and leads over the evaluations both curves have."""
-    (ra, va), (rb, vb) = (np.asarray(a[0]), np.asarray(a[1])), (np.asarray(b[0]),
-                                                                 np.asarray(b[1]))
+    ra, va, rb, vb = (np.asarray(x) for x in (*a, *b))
     common = np.intersect1d(ra, rb)
     if len(common) == 0:
         return None
@@ -149,6 +148,5 @@ def diverged_note(stops: Mapping[str, Mapping[int, int]]) -> str:
              for method, seeds in stops.items() if seeds]
     if not parts:
         return ""
-    return ("; ".join(parts) + ": read over the evaluations before, and it has no model "
-            "after")
+    return "; ".join(parts) + ": read over the evaluations before, and it has no model after"
 
