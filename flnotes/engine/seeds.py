@@ -118,19 +118,18 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
                 bar.set_postfix(mean_acc=f"{sum(accuracies) / len(accuracies):.3f}",
                                 s_per_round=f"{seconds:.2f}")
     except KeyboardInterrupt:  # Ctrl-C: every run still going is marked, as run() does
-        bar.close()
         for sim in sims:
             if sim.running:
                 sim.interrupt()
         raise
     except Exception as err:  # an error: every run still going is marked failed
-        bar.close()
         for sim in sims:
             if sim.running:
                 sim.fail(err)
             sim.release()
         raise
-    bar.close()
+    finally:
+        bar.close()
     try:
         return [sim.finish() for sim in sims]
     except Exception as err:  # e.g. a full disk while writing the last models
