@@ -171,8 +171,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = one_line(err)
-        raise GridError(f"{path}: not valid YAML{where}: {problem}") from None
+        raise GridError(f"{path}: not valid YAML{where}: {one_line(err)}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise GridError(f"cannot read grid file {path}: {err}") from None
     if not isinstance(spec, dict):
@@ -189,10 +188,9 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
             over = {}
         problems += [f"unknown key 'smoke.{k}' (allowed: {sorted(SMOKE_KEYS)})"
                      for k in over if k not in SMOKE_KEYS]
-        fixed.update(_mapping(over, "fixed", problems, "smoke."))
         # an axis given here replaces the same axis
-        axes.update(_mapping(over, "grid", problems, "smoke."))
-        labels.update(_mapping(over, "labels", problems, "smoke."))
+        for layer, key in ((fixed, "fixed"), (axes, "grid"), (labels, "labels")):
+            layer.update(_mapping(over, key, problems, "smoke."))
         seeds = over.get("seeds", seeds)
         stack = over.get("stack_seeds", stack)
     if stack_seeds is not None:
@@ -216,7 +214,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
                      for s, n in _repeats(seeds).items()]
     if not isinstance(stack, bool):
         problems.append(f"'stack_seeds' must be true or false, got {stack!r}")
-    elif stack and notebook is not None and _seed_parameter(notebook) != "seeds":
+    elif stack and notebook is not None and "seeds" not in notebook_parameters(notebook):
         problems.append(f"'stack_seeds' needs a notebook with a 'seeds' parameter; "
                         f"{notebook.name} takes one 'seed'")
     problems += _axis_problems(axes)
@@ -228,8 +226,9 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     grid = Grid(name=str(spec.get("name") or path.stem), path=path, notebook=notebook,
                 variant="smoke" if smoke else "paper", paper_table=table)
     known = notebook_parameters(notebook)
+    seed_parameter = "seeds" if "seeds" in known else "seed"
     try:
-        grid.cells = expand(fixed, axes, seeds, labels, seed_parameter=_seed_parameter(notebook),
+        grid.cells = expand(fixed, axes, seeds, labels, seed_parameter=seed_parameter,
                             known=known, overrides=overrides, stack_seeds=stack)
     except ValueError as err:  # an unknown preset, or preset fields with nowhere to go
         raise GridError(f"{path}: {err}") from err
@@ -360,8 +359,7 @@ def _mapping(spec: dict, key: str, problems: list[str], prefix: str = "") -> dic
     """spec[key] as a dict ({} if absent); a problem if it is there but not a mapping."""
     value = spec.get(key)
     if value is not None and not isinstance(value, dict):
-        problems.append(f"'{prefix}{key}' must be a mapping (name: value, ...), got "
-                        f"{value!r}")
+        problems.append(f"'{prefix}{key}' must be a mapping (name: value, ...), got {value!r}")
     return dict(value) if isinstance(value, dict) else {}
 
 
@@ -387,14 +385,13 @@ def _axis_problems(axes: dict) -> list[str]:
         if isinstance(values, dict):
             if not values:
                 problems.append(f"grid axis {name!r} is empty")
-            for label, bundle in values.items():
-                if not isinstance(bundle, dict) or not bundle:
-                    problems.append(f"grid axis {name!r}, label {label!r}: expected a non-empty "
-                                    f"mapping of parameters, got {bundle!r}")
             bundles: dict[str, str] = {}
             for label, bundle in values.items():
                 key = json.dumps(bundle, sort_keys=True, default=str)
-                if key in bundles and isinstance(bundle, dict) and bundle:
+                if not isinstance(bundle, dict) or not bundle:
+                    problems.append(f"grid axis {name!r}, label {label!r}: expected a non-empty "
+                                    f"mapping of parameters, got {bundle!r}")
+                elif key in bundles:
                     problems.append(f"grid axis {name!r}: labels {bundles[key]!r} and {label!r} "
                                     "set the same parameters (the same runs twice)")
                 bundles.setdefault(key, label)
@@ -436,10 +433,6 @@ def _parameter_problems(notebook: Path, fixed: dict, axes: dict, overrides: dict
     if not known & {"seeds", "seed"}:
         problems.append(f"{notebook.name} has no 'seeds' or 'seed' parameter")
     return problems
-
-
-def _seed_parameter(notebook: Path) -> str:
-    return "seeds" if "seeds" in notebook_parameters(notebook) else "seed"
 
 
 def _slug(text: str) -> str:
@@ -547,25 +540,16 @@ def hashed_settings(parameters: dict[str, Any]) -> dict[str, Any]:
     and the method settings none of its algorithms read (an *-official preset's seed-code
     FedGen settings in a FedAvg cell would change an id and nothing a cell runs)."""
     flat = flat_settings(parameters, rename=False)
+    values = {k: v for k, v in flat.items() if k not in LOCATION_PARAMETERS and k != "output_dir"}
     algorithms = flat.get("algorithms", flat.get("algorithm"))
+    names = [algorithms] if isinstance(algorithms, str) else algorithms
+    # unknown algorithms (or none) leave the values as they are (the grid's checks name them)
+    if names is not None and all(isinstance(n, str) and n in algorithm_names() for n in names):
+        read = {s for n in names for s in settings_of(n)}
+        declared = all_settings()
+        values = {k: v for k, v in values.items() if k not in declared or k in read}
     # renamed after: an old name that is also a method's setting went where that method ran
-    return flat_settings(_read_by({k: v for k, v in flat.items()
-                                   if k not in LOCATION_PARAMETERS and k != "output_dir"},
-                                  algorithms))
-
-
-def _read_by(values: dict[str, Any], algorithms) -> dict[str, Any]:
-    """``values`` without the method settings none of the cell's algorithms read: they would
-    change a cell's id and nothing it runs. Unknown algorithms leave the values as they are
-    (the grid's checks name them)."""
-    if algorithms is None:
-        return values
-    names = [algorithms] if isinstance(algorithms, str) else list(algorithms)
-    if not all(isinstance(n, str) and n in algorithm_names() for n in names):
-        return values
-    read = {s for n in names for s in settings_of(n)}
-    declared = all_settings()
-    return {k: v for k, v in values.items() if k not in declared or k in read}
+    return flat_settings(values)
 
 
 def _label(value: Any) -> str:
