@@ -385,8 +385,7 @@ def ignored_settings(config) -> list[str]:
     return list(algorithm_class(config.algorithm).config_warnings(config))
 
 
-def _run_rounds(sim: Simulation, progress: bool, on_round, workers: int,
-                picked: bool) -> History:
+def _run_rounds(sim: Simulation, progress: bool, on_round, workers: int, picked: bool) -> History:
     if sim.finished:
         return sim.finish()
     config = sim.config
@@ -396,7 +395,7 @@ def _run_rounds(sim: Simulation, progress: bool, on_round, workers: int,
     if sim.resumed and progress:
         tqdm.write(f"resuming {sim.run_dir} from round {sim.checkpoint_round}, its last "
                    f"checkpoint (rounds {sim.start_round}-{config.rounds} to run)")
-        if sim.threads_changed is not None and sim.model is not None:
+        if sim.threads_changed is not None:
             tqdm.write(f"warning: {sim.run_dir} began with {sim.threads_changed} CPU threads "
                        f"and goes on with {sim.history.environment.get('cpu_threads')}: CPU "
                        "results may differ in the last bits (run.json records each start)")
