@@ -13,6 +13,7 @@ that makes the runs.
 from __future__ import annotations
 
 import io
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,23 +112,20 @@ def show(name: str, folder: Path | None = None, wanted: tuple[str, ...] = SECTIO
         print(missing_line(name))
         return None
     runs, groups, text = loaded
-    statuses: dict[str, int] = {}
-    for run in runs:
-        statuses[run.status] = statuses.get(run.status, 0) + 1
+    statuses = Counter(run.status for run in runs)
     counted = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
     late = "" if set(statuses) == {"completed"} else \
         "; a run not completed is drawn to its last evaluation"
     print(f"{len(runs)} runs under results/{name} ({counted}{late})")
     fig = results_page.curves_figure(groups)
+    dots = results_page.readings_figure(groups) if readings else None
     # shown as a PNG made here, then closed: where a caller switched pyplot to Agg (notebook
     # 22's figure code does) neither plt.show() nor display(fig) shows anything, and an open
     # figure would be drawn a second time at the cell's end under the inline backend
-    display(Image(line_chart_png(fig)))
-    plt.close(fig)
-    dots = results_page.readings_figure(groups) if readings else None
-    if dots is not None:
-        display(Image(line_chart_png(dots)))
-        plt.close(dots)
+    for shown in (fig, dots):
+        if shown is not None:
+            display(Image(line_chart_png(shown)))
+            plt.close(shown)
     display(Markdown(sections(text, wanted)))
     return fig
 
