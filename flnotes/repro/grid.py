@@ -255,8 +255,7 @@ def _same_cells(cells: list[Cell]) -> list[str]:
         if key in first:
             problems.append(f"cells {first[key]} and {cell.id} run the same parameters; "
                             "two folders of one run would count as two")
-        else:
-            first[key] = cell.id
+        first.setdefault(key, cell.id)
     return problems
 
 
