@@ -67,9 +67,8 @@ def baseline_reading(config: dict) -> str:
         return ""
     own = settings_of(algorithm)
     for repository in SEED_REPOSITORIES:  # the two repositories' values differ by dataset
-        variant = {k: v for k, v in seed_code_baselines(config.get("dataset"),
-                                                        repository).items()
-                   if k in own and own[k].default != v}
+        baselines = seed_code_baselines(config.get("dataset"), repository)
+        variant = {k: v for k, v in baselines.items() if k in own and own[k].default != v}
         present = {k: v for k, v in variant.items() if k in config}  # an older folder lacks some
         if present and all(_same(config[k], v) for k, v in present.items()):
             label = algorithm_class(algorithm).label or algorithm
