@@ -29,7 +29,6 @@ PARTITION_FIELDS = {"dirichlet": ("dirichlet_alpha",), "shards": ("shards_per_cl
 
 def algorithm_fields(algorithm: str | None) -> tuple[str, ...]:
     """The settings a run of ``algorithm`` reads (its declarations); () for an unknown name."""
-
     return tuple(settings_of(algorithm)) if algorithm in algorithm_names() else ()
 
 
@@ -39,7 +38,6 @@ def paper_settings(table: str, sweep_dir: Path = SWEEP_DIR) -> dict[tuple, dict]
     Empty when no grid there names the table. The grid is expanded as a sweep would (its
     preset's fields and each cell's values), without running anything.
     """
-
     settings: dict[tuple, dict] = {}
     for path in sorted(sweep_dir.glob("*.yaml")):
         grid = load_grid(path)
@@ -61,7 +59,6 @@ def baseline_reading(config: dict) -> str:
     of its method (the values the ``*-official`` presets set where they differ from the
     method's defaults, i.e. from its own paper), else ''. Tables mark which reading a cell
     used, since a seed table's baseline numbers come from the seed code's reading."""
-
     algorithm = config.get("algorithm")
     if algorithm not in algorithm_names():
         return ""

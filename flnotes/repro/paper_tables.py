@@ -105,7 +105,6 @@ def methods_markdown(folder: Path = PAPER_TABLE_DIR) -> str:
     """The README's table of methods, from the registry: each method's flag value, its name in
     the papers' tables, the first line of its class's docstring, its module, and the paper
     tables that have a column for it (`python -m flnotes methods` prints it)."""
-
     columns: dict[str, list[str]] = {}
     for name in paper_table_names(folder):
         for method in sorted(set(load_paper_table(name, folder)["method"])):
