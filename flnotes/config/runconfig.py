@@ -147,8 +147,17 @@ class RunConfig:
         Not part of validation on construction: a config written by a GPU run must still
         load on a CPU machine (to plot or tabulate it); only running it needs the device.
         """
-        if problem := _device_problem(self.device):
-            raise ValueError(problem)
+        target = None if self.device == "auto" else torch.device(self.device)
+        if target is None or target.type != "cuda":
+            return
+        if not torch.cuda.is_available():
+            raise ValueError(f"RunConfig.device={self.device!r} is invalid on this machine: "
+                             "torch.cuda.is_available() is False; use --device cpu or auto")
+        count = torch.cuda.device_count()
+        if target.index is not None and target.index >= count:
+            raise ValueError(f"RunConfig.device={self.device!r} is invalid on this machine: it "
+                             f"has {count} CUDA device(s), cuda:0 to cuda:{count - 1}; use one "
+                             "of them, cuda or auto")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict: the common fields and the settings the method reads."""
@@ -429,21 +438,6 @@ def _is_number(value: Any) -> bool:
     """A finite int or float: NaN and inf pass every comparison-based range check wrongly."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
-
-
-def _device_problem(device: str) -> str | None:
-    """Why this machine cannot run on a (well-formed) device, or None if it can."""
-    target = None if device == "auto" else torch.device(device)
-    if target is None or target.type != "cuda":
-        return None
-    if not torch.cuda.is_available():
-        return (f"RunConfig.device={device!r} is invalid on this machine: "
-                "torch.cuda.is_available() is False; use --device cpu or auto")
-    count = torch.cuda.device_count()
-    if target.index is not None and target.index >= count:
-        return (f"RunConfig.device={device!r} is invalid on this machine: it has {count} CUDA "
-                f"device(s), cuda:0 to cuda:{count - 1}; use one of them, cuda or auto")
-    return None
 
 
 def _valid_device(device: str) -> bool:
