@@ -40,15 +40,13 @@ def recombination_schematic(models: int = 4, layers: int = 5, segments: int = 0,
                 ax.text(model + 0.5, layer + 0.5, str(source + 1), ha="center", va="center",
                         fontsize=9, color="white" if source % len(PALETTE) in (0, 3, 6)
                         else "black")
-        ax.set_xlim(0, models)
-        ax.set_ylim(0, layers)
+        ax.set(xlim=(0, models), ylim=(0, layers))
         ax.set_xticks([m + 0.5 for m in range(models)],
                       [f"model {m + 1}" for m in range(models)], fontsize=8)
         ax.set_yticks([lay + 0.5 for lay in range(layers)],
                       [f"layer {lay + 1}" for lay in range(layers)], fontsize=8)
         ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
+        ax.spines[:].set_visible(False)
         ax.set_title(title, fontsize=10)
     how = "every layer" if segments == 0 else f"{segments} segments of layers"
     fig.suptitle(f"FedMR: a random permutation per unit ({how}); numbers: the source model",
@@ -63,8 +61,7 @@ def fml_schematic() -> Figure:
     other's predictions (deep mutual learning); only meme models go to the server, which
     averages them. Two clients shown."""
     fig, ax = plt.subplots(figsize=(9.0, 5.0))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 6.3)
+    ax.set(xlim=(0, 10), ylim=(0, 6.3))
     ax.axis("off")
 
     def box(x, y, w, h, text, colour):
