@@ -163,7 +163,6 @@ _FEDERATIONS: dict = {}  # (landscape, clients, options as JSON) -> Federation, 
 def _shared_federation(landscape: str, num_clients: int, shape: dict) -> Federation:
     """The federation of these options, built once: a race's 100 seeds share one (a
     federation is read-only once built; building it is most of a toy task's set-up)."""
-
     try:  # the builder itself too: a landscape registered again is another landscape
         key = (landscape, id(LANDSCAPES.get(landscape)), int(num_clients),
                json.dumps(shape, sort_keys=True))
