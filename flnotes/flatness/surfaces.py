@@ -76,10 +76,9 @@ def random_direction(state: StateT, *, seed: int = 0, index: int = 0, norm: str 
         d = torch.randn(w.shape, generator=g, dtype=torch.float32).to(w.device, w.dtype)
         if name in skip or (ignore_1d and w.dim() <= 1):
             d = torch.zeros_like(w)
-        elif norm == "filter" and w.dim() >= 2:
-            d = _match_rows(d.reshape(len(w), -1), w.reshape(len(w), -1)).reshape(w.shape)
         elif norm != "none":  # "layer", and a kept 1-D/0-D layer under "filter": one filter
-            d = _match_rows(d.reshape(1, -1), w.reshape(1, -1)).reshape(w.shape)
+            rows = len(w) if norm == "filter" and w.dim() >= 2 else 1  # "filter": one per row
+            d = _match_rows(d.reshape(rows, -1), w.reshape(rows, -1)).reshape(w.shape)
         out[name] = d
     return out
 
