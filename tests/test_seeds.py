@@ -8,6 +8,7 @@ from conftest import DEVICE
 
 import flnotes.engine.seeds as seeds_module
 from flnotes.engine.backends import train_clients
+from flnotes.engine.run_folder import lock_file, unlock_file
 from flnotes.engine.seeds import run_seeds, seed_configs
 from flnotes.engine.sim import run
 from flnotes.engine.tasks import build_task
@@ -154,3 +155,35 @@ def test_ctrl_c_marks_every_stacked_seed_interrupted(tiny_config, tmp_path, monk
     for seed in (0, 1):
         meta = json.loads((tmp_path / "cell" / f"seed{seed}" / "run.json").read_text())
         assert meta["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(("stop", "status"), [(KeyboardInterrupt, "interrupted"),
+                                              (RuntimeError, "failed")])
+def test_a_stop_ends_and_lets_go_of_every_stacked_seed(tiny_config, tmp_path, monkeypatch,
+                                                        stop, status):
+    # Seed 0 diverges in round 1 and sits out round 2, where Ctrl-C (or an error) stops seed
+    # 1: seed 0 ends diverged, as alone, and both folders are let go at once (the caught
+    # exception's traceback keeps the Simulations alive, so a lock left to garbage collection
+    # would refuse the next run in this process).
+    def diverge_then_stop(plans, rnd):
+        if rnd == 2:
+            raise stop
+        trained = real_train(plans, rnd)
+        for result in trained[0]:
+            result.train_loss = float("nan")
+        return trained
+
+    real_train = seeds_module.train_plans
+    monkeypatch.setattr(seeds_module, "train_plans", diverge_then_stop)
+    config = tiny_config.replace(algorithm="fedavg", backend="vmap", rounds=3,
+                                 run_dir=str(tmp_path / "cell"))
+    with pytest.raises(stop) as caught:
+        run_seeds(config, [0, 1], progress=False)
+    statuses = [json.loads((tmp_path / "cell" / f"seed{s}" / "run.json").read_text())["status"]
+                for s in (0, 1)]
+    assert statuses == ["diverged", status]
+    for seed in (0, 1):
+        held = lock_file(tmp_path / "cell" / f"seed{seed}" / "run.lock")
+        assert not isinstance(held, str), (seed, held)
+        unlock_file(held)
+    del caught

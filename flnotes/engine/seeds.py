@@ -21,6 +21,7 @@ faster), the seeds run one after another.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import time
 
@@ -118,15 +119,10 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
                 bar.set_postfix(mean_acc=f"{sum(accuracies) / len(accuracies):.3f}",
                                 s_per_round=f"{seconds:.2f}")
     except KeyboardInterrupt:  # Ctrl-C: every run still going is marked, as run() does
-        for sim in sims:
-            if sim.running:
-                sim.interrupt()
+        _end_all(sims, None)
         raise
     except Exception as err:  # an error: every run still going is marked failed
-        for sim in sims:
-            if sim.running:
-                sim.fail(err)
-            sim.release()
+        _end_all(sims, err)
         raise
     finally:
         bar.close()
@@ -138,6 +134,24 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
                 sim.fail(err)
             sim.release()
         raise
+
+
+def _end_all(sims: list[Simulation], err: Exception | None) -> None:
+    """After a Ctrl-C (``err`` None) or an error: each run still going is marked interrupted
+    or failed, as run() marks it; a seed that diverged earlier and waited for the others is
+    finished as it would have been alone (its run.json says "diverged"). Every folder is let
+    go now, not when the Simulations are collected: a notebook's stored traceback keeps them
+    alive, and the next run of these seeds in that kernel would be refused."""
+    for sim in sims:
+        if sim.running and err is None:
+            sim.interrupt()
+        elif sim.running:
+            sim.fail(err)
+        elif not sim.finished:
+            # best effort: the stop under way is what the caller must see, not a full disk
+            with contextlib.suppress(Exception):
+                sim.finish()
+        sim.release()
 
 
 def share_identical_data(task, first):
