@@ -44,11 +44,10 @@ def template_of(model: ModelLike, device: torch.device | str | None = None) -> n
     # A copy, so that moving it to a device and switching it to eval mode leave the caller's
     # module as it was.
     module = copy.deepcopy(model) if isinstance(model, nn.Module) else model()
-    if any(isinstance(m, nn.RNNBase) for m in module.modules()):
-        for name, child in list(module.named_modules()):
-            if isinstance(child, nn.LSTM):
-                parent, _, leaf = name.rpartition(".")
-                setattr(module.get_submodule(parent) if parent else module, leaf, VmapLSTM(child))
+    for name, child in list(module.named_modules()):
+        if isinstance(child, nn.LSTM):
+            parent, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(parent) if parent else module, leaf, VmapLSTM(child))
     if device is not None:
         module = module.to(device)
     return module.eval()
