@@ -103,7 +103,6 @@ def run_grid(name: str, out: Path, force: bool) -> int:
 
     grid = grids.load_grid(SWEEP_DIR / f"{name}.yaml", smoke=True)
     defaults = grids._notebook_defaults(grid.notebook)
-    keywords = grids._runconfig_keywords(grid.notebook)
     fields = set(field_names())
     made = 0
     for cell in grid.cells:
@@ -112,7 +111,7 @@ def run_grid(name: str, out: Path, force: bool) -> int:
             print(f"  {cell.id}: done (skipped)", flush=True)
             continue
         shutil.rmtree(folder, ignore_errors=True)
-        configs, _ = grids._cell_configs(cell.parameters, defaults, keywords, fields)
+        configs, _ = grids._cell_configs(cell.parameters, defaults, fields)
         start = time.perf_counter()
         for values in configs:
             for seed in cell.seeds:
