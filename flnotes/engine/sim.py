@@ -75,6 +75,7 @@ from flnotes.engine.stops import (  # noqa: F401
 from flnotes.engine.tasks import build_task, resolve_device
 from flnotes.engine.threads import idle_cores, task_multiply_adds, threads_for
 from flnotes.engine.tracking import environment_tracker
+from flnotes.messages import one_line
 from flnotes.rng import seeded_cpu_rng, torch_generator
 
 
@@ -268,7 +269,7 @@ class Simulation:
         """Record that the run ended in an error: status "failed" and the error's one line in
         run.json (``tables`` lists failed runs apart), and let go of the folder."""
         self.history.status = "failed"
-        self.error = f"{type(err).__name__}: {' '.join(str(err).split())}"
+        self.error = f"{type(err).__name__}: {one_line(err)}"
         self._record_end()
 
     def _record_end(self) -> None:

@@ -84,7 +84,7 @@ def _cell_info(run_dir: Path, root: Path) -> dict:
             try:
                 info = json.loads(cell.read_text())
             except (OSError, ValueError) as err:
-                raise ValueError(f"{cell} is damaged ({' '.join(str(err).split())})") from None
+                raise ValueError(f"{cell} is damaged ({one_line(err)})") from None
             if not isinstance(info, dict):
                 raise ValueError(f"{cell} is damaged (not a JSON object)")
             return info
@@ -211,7 +211,7 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                                 cell.get("parameters", {}).get("algorithms"))
         except (ValueError, TypeError, AttributeError, KeyError) as err:
             # One damaged folder must not hide every other result.
-            print(f"warning: skipping run folder {run_dir}: {' '.join(str(err).split())}",
+            print(f"warning: skipping run folder {run_dir}: {one_line(err)}",
                   file=sys.stderr)
             continue
         if not records and meta.get("status") == "completed":
