@@ -9,8 +9,7 @@ from collections.abc import Iterator, Mapping
 
 from flnotes.algorithms import all_settings
 
-# One line of help per common field (the command line's --help; widgets may show them
-# too). Each says what the field does; choices and defaults are added by the command line.
+# (Widgets may show these too, besides the command line's --help.)
 COMMON_HELP = {
     "algorithm": "federated algorithm to run",
     "dataset": "dataset to train on (toy: the 2-parameter teaching landscape)",
@@ -61,20 +60,14 @@ COMMON_HELP = {
 class _FieldHelp(Mapping):
     """Help of every field: the common ones above, each method setting's own declaration."""
 
-    def _settings(self) -> dict:
-        return all_settings()
-
     def __getitem__(self, name: str) -> str:
         if name in COMMON_HELP:
             return COMMON_HELP[name]
-        declared = self._settings().get(name)
-        if declared is None:
-            raise KeyError(name)
-        return next(iter(declared.values())).help
+        return next(iter(all_settings()[name].values())).help  # (KeyError: no such field)
 
     def __iter__(self) -> Iterator[str]:
         yield from COMMON_HELP
-        yield from (n for n in self._settings() if n not in COMMON_HELP)
+        yield from (n for n in all_settings() if n not in COMMON_HELP)
 
     def __len__(self) -> int:
         return len(list(iter(self)))
