@@ -111,12 +111,8 @@ def run_command(config: RunConfig, seeds: list[int] | None = None, *,
             print(f"{name}: logged the {len(history.rows)} rounds of metrics.jsonl")
     if tracker:
         tracker.close(history.status)
-
-    # matplotlib here, not at the top: a sweep's workers import this module and draw nothing
-    from flnotes.plots import plot_learning_curves
-
-    fig = plot_learning_curves({config.algorithm: history}, title=_curve_title(config))
-    png = _save_curve(fig, Path(config.run_dir) / "learning_curve.png")
+    png = _save_curve({config.algorithm: history}, _curve_title(config),
+                      Path(config.run_dir) / "learning_curve.png")
     print(f"status: {history.status}; run folder: {config.run_dir}; curve: {png}")
     if tracker:
         print("; ".join(tracker.where()))
@@ -172,15 +168,13 @@ TOY_NOTE = ("toy task: flat_basin is 1 when the global model lies in the flat ba
             "gradient noise, so it can be negative")
 
 
-def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
-               logger_dir: str | None, threads: int | None = None,
-               client_workers: int | None = 1) -> int:
+def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str], logger_dir: str | None,
+               threads: int | None, client_workers: int | None) -> int:
     """Several seeds stacked into one batched run; per-seed and mean +- std accuracy.
 
     Loggers get each seed's rows once the seeds end (the stacked run has no per-round
     callback), each seed folder its own TensorBoard folder and MLflow run.
     """
-    from flnotes.plots import plot_learning_curves  # matplotlib: see run_command
     from flnotes.repro.tables import LAST_EVALUATIONS, run_metrics, sample_std  # pandas
 
     if config.run_dir is None:
@@ -207,9 +201,9 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     lines.append(f"mean +- std over {len(seeds)} seeds: {sum(finals) / len(finals):.4f} +- "
                  f"{_number(sample_std(finals))} (sample std, ddof=1, of each seed's "
                  "last-evaluations mean)")
-    fig = plot_learning_curves({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
-                               title=f"{_curve_title(config)}, {len(seeds)} seeds")
-    png = _save_curve(fig, Path(config.run_dir) / "learning_curves.png")
+    png = _save_curve({f"seed {s}": h for s, h in zip(seeds, histories, strict=True)},
+                      f"{_curve_title(config)}, {len(seeds)} seeds",
+                      Path(config.run_dir) / "learning_curves.png")
     lines.append(f"run folders: {config.run_dir}/seed<N>; curves: {png}")
     for seed, history in zip(seeds, histories, strict=True):
         tracker = _tracker(config.replace(seed=seed, run_dir=str(history.run_dir)), loggers,
@@ -227,10 +221,14 @@ def _run_seeds(config: RunConfig, seeds: list[int], loggers: list[str],
     return code
 
 
-def _save_curve(fig, png: Path) -> str:
-    """Save the curve; a disk that refuses it is a warning (the run itself is saved)."""
-    import matplotlib.pyplot as plt  # matplotlib: see run_command
+def _save_curve(histories: dict, title: str, png: Path) -> str:
+    """Draw the curves into png; a disk that refuses it is a warning (the run itself is saved)."""
+    # matplotlib here, not at the top: a sweep's workers import this module and draw nothing
+    import matplotlib.pyplot as plt
 
+    from flnotes.plots import plot_learning_curves
+
+    fig = plot_learning_curves(histories, title=title)
     try:
         fig.savefig(png, dpi=120)
     except OSError as err:
