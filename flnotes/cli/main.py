@@ -70,8 +70,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
     try:
         parsed = read_yaml(value)  # (YAML 1.2 booleans: KEY=off is the text 'off')
     except yaml.YAMLError as err:
-        problem = one_line(err)
-        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({problem}); "
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({one_line(err)}); "
                                          "quote it, e.g. KEY='VALUE'") from None
     if isinstance(parsed, str):
         # YAML 1.1 reads 1e-3 (no dot) as text: take any number Python reads as a number.
@@ -202,8 +201,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         return RunConfig.from_dict({**only_read(stored, algorithm), **values}, strict=True)
     if getattr(args, "preset", None) is not None:  # "" is an unknown preset, not none
         if "data_options" in values:  # KEY=VALUE adds to (or changes) the preset's options
-            preset_options = RunConfig.from_preset(args.preset).data_options
-            values["data_options"] = {**preset_options, **values["data_options"]}
+            values["data_options"] = {**RunConfig.from_preset(args.preset).data_options,
+                                      **values["data_options"]}
         return RunConfig.from_preset(args.preset, **values)
     return RunConfig.from_dict(values, strict=True)
 
@@ -258,11 +257,10 @@ def _stored_config(path: str, flag: str) -> dict:
         raise ValueError(f"{flag} {path}: {file} gives {dup.key!r} twice{where}; keep "
                          "one") from None
     except yaml.YAMLError as err:
-        problem = one_line(err)
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ValueError(f"{flag} {path}: {file} is damaged (not JSON or YAML: "
-                         f"{problem}{where})") from None
+                         f"{one_line(err)}{where})") from None
     if not isinstance(values, dict):
         kind = {list: "list", str: "text", type(None): "empty file"}.get(
             type(values), type(values).__name__)
@@ -310,11 +308,10 @@ def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunCon
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one configuration (``--seeds``: several), print each round, save a curve."""
-    loggers = parse_loggers(getattr(args, "logger", None))  # before a config is read
-    return run_command(config_from_args(args), getattr(args, "seeds", None),
-                       loggers=loggers, logger_dir=getattr(args, "logger_dir", None),
-                       threads=getattr(args, "threads", None),
-                       client_workers=getattr(args, "client_workers", None))
+    loggers = parse_loggers(args.logger)  # before a config is read
+    return run_command(config_from_args(args), args.seeds, loggers=loggers,
+                       logger_dir=args.logger_dir, threads=args.threads,
+                       client_workers=args.client_workers)
 
 
 def _positive_int(text: str) -> int:
