@@ -226,7 +226,7 @@ def _save_curve(histories: dict, title: str, png: Path) -> str:
     # matplotlib here, not at the top: a sweep's workers import this module and draw nothing
     import matplotlib.pyplot as plt
 
-    from flnotes.plots import plot_learning_curves
+    from flnotes.plots import plot_learning_curves  # matplotlib too (see above)
 
     fig = plot_learning_curves(histories, title=title)
     try:
