@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         with terminate_like_ctrl_c():
             code = args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
         send_nowhere()
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         if huge:  # a size the user typed that cannot fit: bad input, not a fault
             print(f"error: {huge}", file=sys.stderr)
             return 2
-        print(f"error: {type(err).__name__}: {' '.join(str(err).split())} (unexpected; set "
+        print(f"error: {type(err).__name__}: {one_line(err)} (unexpected; set "
               "FLNOTES_TRACEBACK=1 to see where)", file=sys.stderr)
         if os.environ.get("FLNOTES_TRACEBACK"):
             raise
