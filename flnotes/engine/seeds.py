@@ -130,8 +130,7 @@ def _run_stacked(config, configs: list, progress: bool) -> list[History]:
         return [sim.finish() for sim in sims]
     except Exception as err:  # e.g. a full disk while writing the last models
         for sim in sims:
-            if not sim.finished:
-                sim.fail(err)
+            sim.end_early(err)
             sim.release()
         raise
 
@@ -143,10 +142,8 @@ def _end_all(sims: list[Simulation], err: Exception | None) -> None:
     go now, not when the Simulations are collected: a notebook's stored traceback keeps them
     alive, and the next run of these seeds in that kernel would be refused."""
     for sim in sims:
-        if sim.running and err is None:
-            sim.interrupt()
-        elif sim.running:
-            sim.fail(err)
+        if sim.running:
+            sim.end_early(err)
         elif not sim.finished:
             # best effort: the stop under way is what the caller must see, not a full disk
             with contextlib.suppress(Exception):

@@ -159,12 +159,10 @@ class Simulation:
         try:
             self.model = self.task.working_model()
         except KeyboardInterrupt:
-            if not self.finished:
-                self.interrupt()
+            self.end_early(None)
             raise
         except Exception as err:
-            if not self.finished:
-                self.fail(err)
+            self.end_early(err)
             raise
 
     def _start_folder(self, saved: dict | None) -> None:
@@ -272,6 +270,16 @@ class Simulation:
         self.error = f"{type(err).__name__}: {one_line(err)}"
         self._record_end()
 
+    def end_early(self, err: Exception | None) -> None:
+        """A run stopped before its end: marked interrupted (``err`` None: Ctrl-C, SIGTERM) or
+        failed, unless it had finished; its folder let go either way."""
+        if self.finished:
+            return
+        if err is None:
+            self.interrupt()
+        else:
+            self.fail(err)
+
     def _record_end(self) -> None:
         """run.json for a run that stops here (if the folder was read), then release it."""
         if self._lock is not None and self.checkpoint_round is not None:  # a folder held, read
@@ -367,12 +375,10 @@ def run(config, *, progress: bool = True, task=None,
             return history
         except KeyboardInterrupt:  # wherever it lands, before, in or after a round
             status = "interrupted"
-            if not sim.finished:
-                sim.interrupt()
+            sim.end_early(None)
             raise
         except Exception as err:
-            if not sim.finished:
-                sim.fail(err)
+            sim.end_early(err)
             raise
         finally:
             if tracker:
