@@ -267,12 +267,6 @@ def _read_record(path: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def cell_status(out_dir: Path, cell: Cell) -> str | None:
-    """Status recorded for a cell in an earlier run of the sweep, if any."""
-    record = _read_record(out_dir / "cells" / cell.id / "cell.json")
-    return record.get("status") if record else None
-
-
 class SweepInterrupted(KeyboardInterrupt):
     """A sweep stopped by Ctrl-C or SIGTERM; ``summary`` holds every cell's status."""
 
@@ -332,10 +326,10 @@ def run_sweep(grid: Grid, out_dir: str | Path | None = None, workers: int = 1,
         for line in renamed:
             _log_line(line)
     records, todo = {}, []
-    for cell in cells:
-        if not force and cell_status(out, cell) == "completed":
-            records[cell.id] = _read_record(out / "cells" / cell.id / "cell.json")
-            records[cell.id]["skipped"] = True
+    for cell in cells:  # a cell completed before is skipped: its record read once
+        found = None if force else _read_record(out / "cells" / cell.id / "cell.json")
+        if found and found.get("status") == "completed":
+            records[cell.id] = {**found, "skipped": True}
         else:
             todo.append(cell)
     if loggers:  # cells finished before: their runs' rounds into the store too, once
