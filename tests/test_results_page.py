@@ -83,7 +83,7 @@ def row_of(page: str, section: str, *cells: str) -> str:
 
 def test_page_numbers_match_the_metrics_files(results):
     page, png = results_page.build_page(results)
-    assert page == results.parent / "README.md" and png.name == "evidence-curves.png"
+    assert page == results.parent / "evidence.md" and png.name == "evidence-curves.png"
     assert png.stat().st_size > 0
     text = page.read_text()
     assert "](evidence-curves.png)" in text
@@ -152,10 +152,14 @@ def test_differences_beside_the_papers(results):
 
 def test_regenerating_gives_the_same_page(results, tmp_path, capsys):
     page, png = results_page.build_page(results)
+    assert page == results.parent / "evidence.md"  # FOLDER.md beside the folder
     first, picture = page.read_text(), png.read_bytes()
     other = tmp_path / "again" / "README.md"
     assert cli_main(["results-page", str(results), "--out", str(other)]) == 0
-    assert other.read_text() == first
+    # the same page, but for the command in its header, which names the --out it was given
+    header = f"results-page {results} --out {other}` from the run folders"
+    assert header in other.read_text() and header not in first
+    assert other.read_text().replace(f" --out {other}", "") == first
     assert (other.parent / "evidence-curves.png").read_bytes() == picture
     # the reading rule's picture beside it, shown under the differences' table, the same too
     dots = results_page.readings_png(png)
@@ -164,6 +168,48 @@ def test_regenerating_gives_the_same_page(results, tmp_path, capsys):
     assert first.index(f"]({dots.name})") > first.index("## Differences to FedAvg")
     results_page.build_page(results)
     assert page.read_text() == first
+
+
+def test_a_file_no_results_page_wrote_is_not_overwritten(results, capsys):
+    """The page goes beside the folder by default; a user's own file there (or at --out) is
+    an error that leaves it as it was, while a page results-page wrote is rewritten."""
+    mine = results.parent / "README.md"
+    mine.write_text("# my notes\n")
+    page, _ = results_page.build_page(results)
+    assert page.name == "evidence.md" and mine.read_text() == "# my notes\n"
+    assert cli_main(["results-page", str(results), "--out", str(mine)]) == 2
+    assert f"{mine} exists and no results-page wrote it" in capsys.readouterr().err
+    assert mine.read_text() == "# my notes\n"
+    page.write_text(page.read_text().replace("## Reading", "## Edited"))
+    assert "## Edited" not in results_page.build_page(results)[0].read_text()
+
+
+def test_settings_section_names_the_command_that_makes_the_runs(results):
+    """A cell's grid is named as the sweep command takes it (a shipped grid by name, with
+    --smoke for its smoke variant); a data folder is asked for only where a run reads one;
+    smoke runs say they are smoke runs."""
+    from flnotes.repro import SWEEP_DIR
+
+    for info in results.glob("cells/*/cell.json"):
+        info.write_text(json.dumps(dict(json.loads(info.read_text()),
+                                        grid_file="benchmarks/evidence.yaml", variant="paper")))
+    text = results_page.build_page(results)[0].read_text()
+    assert (f"`python -m flnotes sweep benchmarks/evidence.yaml --set data_dir=DIR --out "
+            f"{results} --workers 1` (DIR: the dataset's folder)") in text
+    assert "Smoke runs" not in text
+    for info in results.glob("cells/*/cell.json"):
+        info.write_text(json.dumps(dict(json.loads(info.read_text()), variant="smoke",
+                                        grid_file=str(SWEEP_DIR / "fedmut_table1.yaml"))))
+    for file in results.glob("cells/*/runs/*/seed*/config.json"):
+        config = dict(json.loads(file.read_text()), dataset="synthetic", model="mlp")
+        file.write_text(json.dumps(config))
+        meta = json.loads((file.parent / "run.json").read_text())
+        (file.parent / "run.json").write_text(json.dumps(dict(meta, config=config)))
+    text = results_page.build_page(results)[0].read_text()
+    assert (f"`python -m flnotes sweep fedmut_table1 --smoke --out {results} --workers 1`; it "
+            "skips") in text
+    assert ("**Smoke runs** (12 of 12): the grid's smoke variant (dataset synthetic, model mlp, "
+            "rounds 200) under the labels") in text
 
 
 def test_a_folder_with_no_method_beside_fedavg_has_no_readings_picture(results):

@@ -52,7 +52,7 @@ Federated-learning methods to run, study and compare with their papers. Commands
 (train one configuration), demo (the quick-start job), notebooks (copy the notebook series
 into a folder), presets (the papers' settings), sweep (a YAML grid of notebook runs; --list
 shows the grids that ship), tables (the papers' tables with our results beside them),
-figures (the papers' figures from a sweep's results), results-page (results/README.md) and
+figures (the papers' figures from a sweep's results), results-page (FOLDER.md: a page) and
 methods (every method, its module and paper tables).
 `python -m flnotes COMMAND --help` lists a command's flags."""
 
@@ -455,7 +455,7 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
             ("figures", figures_cli, figures_cli.cmd_figures,
              "draw a paper's figure from a folder of runs (--list: which)"),
             ("results-page", page_cli, page_cli.cmd_results_page,
-             "write results/README.md from a sweep's run folders")):
+             "write a results page (FOLDER.md) from a sweep's run folders")):
         module.add_arguments(command(name, func, help=text))
     command("methods", cmd_methods, help="the registered methods: flag value, paper name, what "
             "it is, module, paper tables (the README's table)")

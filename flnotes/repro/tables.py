@@ -240,13 +240,15 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
                      "written": _written(meta_file, metrics_file),
                      "error": one_line(meta.get("error")),
                      # (the results page's settings and cost: the sweep and the machine)
-                     "grid_file": cell.get("grid_file"), "environment": environment,
+                     "grid_file": cell.get("grid_file"), "variant": cell.get("variant"),
+                     "environment": environment,
                      # (where the data came from: a lossy copy is marked, paper_setting)
                      "config": {**config, "data_source": environment.get("data_source", "")}})
     columns = ["paper_table", *KEY, "algorithm", "seed", "status", "rounds", "planned_rounds",
                "acc_last_mean", "acc_last_std", "acc_final", "acc_best", "acc_evaluations",
                "personal_last_mean", "seconds_per_round", "run_dir", "paper_labels",
-               "settings_key", "rows", "written", "error", "grid_file", "environment", "config"]
+               "settings_key", "rows", "written", "error", "grid_file", "variant", "environment",
+               "config"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -262,6 +264,7 @@ class Run:
     run_dir: str
     paper_table: str | None = None  # the table its grid lands on (cell.json), if any
     grid_file: str | None = None  # the grid its cell names (cell.json), if any
+    variant: str | None = None  # that grid's variant ("paper", "smoke"), if any
     environment: dict = field(default_factory=dict)  # run.json's: device, threads
 
     def value(self, key: str):
@@ -290,10 +293,10 @@ def _as_runs(runs: pd.DataFrame) -> list[Run]:
     out = []
     for _, row in runs[runs["status"] != FAILED].iterrows():
         labels = {**{k: row[k] for k in KEY}, **(row["paper_labels"] or {})}
-        table, grid = (v if isinstance(v, str) and v else None
-                       for v in (row.get("paper_table"), row.get("grid_file")))
+        table, grid, variant = (v if isinstance(v, str) and v else None for v in
+                                (row.get("paper_table"), row.get("grid_file"), row.get("variant")))
         out.append(Run(labels, dict(row["config"]), int(row["seed"]), str(row["status"]),
-                       row["rows"], row["run_dir"], table, grid, row["environment"]))
+                       row["rows"], row["run_dir"], table, grid, variant, row["environment"]))
     return out
 
 
