@@ -277,6 +277,36 @@ def test_two_runs_of_one_seed_are_an_error_not_a_silent_choice(results):
         results_page.build_page(results)
 
 
+def test_a_setting_swept_within_a_cell_is_read_per_value(results):
+    """Two FedMut runs of each seed, at alpha 4 and alpha 2 (a figure grid's ablation): the
+    page and ``tables`` read each alpha against FedAvg, named by it, never one of the two."""
+    import shutil
+
+    from flnotes.repro.tables import collect_runs, one_per_run, readings
+
+    for seed in (0, 1):
+        old = results / "cells" / f"dir=0.1_FedMut_seed{seed}-0000000{seed}"
+        for alpha, copy in ((4.0, old), (2.0, old.with_name(old.name + "-alpha2"))):
+            if copy != old:
+                shutil.copytree(old, copy)
+            folder = copy / "runs" / "fedmut" / f"seed{seed}"
+            config = dict(json.loads((folder / "config.json").read_text()), alpha=alpha,
+                          run_dir=str(folder))
+            (folder / "config.json").write_text(json.dumps(config))
+            meta = json.loads((folder / "run.json").read_text())
+            (folder / "run.json").write_text(json.dumps(dict(meta, config=config)))
+    text = results_page.build_page(results)[0].read_text()
+    for alpha in ("2.0", "4.0"):
+        assert row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "dir=0.1", f"FedMut (alpha {alpha}) "
+                      "− FedAvg")
+        # the copies hold the same curves: each alpha reads as FedMut did alone
+        assert (f"CIFAR-10, CNN, dir=0.1: FedMut (alpha {alpha}) > FedAvg holds: every seed "
+                "leads by more than the seeds' spread") in text
+    claims = readings(one_per_run(collect_runs(results)))
+    assert [c for c in claims if "FedMut (alpha 2.0) > FedAvg" in c]
+    assert not [c for c in claims if c.startswith("CIFAR-10, CNN, dir=0.1: FedMut > ")]
+
+
 @pytest.fixture
 def fml_results(tmp_path) -> Path:
     """An FML-style sweep output: FedAvg, FedProx and FML, shards (1), 100 rounds, its grid on

@@ -46,7 +46,8 @@ from flnotes.repro import REPO_ROOT, SWEEP_DIR
 from flnotes.repro.figures import mean_band
 from flnotes.repro.paper_tables import load_paper_table
 from flnotes.repro.reading import CANNOT_TELL, DOES_NOT_HOLD, HOLDS, Reading, read
-from flnotes.repro.tables import BASELINE, SETTING, Run, by_setting, diverged, load_runs, sample_std
+from flnotes.repro.tables import (BASELINE, NOT_SETTINGS, SETTING, Run, by_setting, diverged,
+                                  load_runs, sample_std)
 
 # a seed method -> its own paper's table, whose difference to FedAvg sits beside ours; any
 # other method (a baseline) is read against the table its grid lands on (cell.json)
@@ -277,12 +278,6 @@ def readings_figure(groups: dict[tuple, dict[str, list[Run]]]):
     fig.tight_layout()
     return fig
 
-
-# config fields that say where or how a run was kept, not what it computed: left out of the
-# settings a page lists
-NOT_SETTINGS = {"run_dir", "data_dir", "data_source", "download", "checkpoint_every",
-                "record_states", "device", "backend", "compile", "eval_batch_size", "seed",
-                "partition_manifest"}
 
 # a partition's own setting: said only of runs with that partition
 PARTITION_SETTING = {"dirichlet_alpha": "dirichlet", "shards_per_client": "shards"}

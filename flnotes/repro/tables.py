@@ -307,11 +307,40 @@ def load_runs(results: str | Path) -> list[Run]:
     return _as_runs(one_per_run(collect_runs(results)))
 
 
+# config fields that say where or how a run was kept, not what it computed: no two runs
+# differ by them (by_setting) and a results page does not list them
+NOT_SETTINGS = {"run_dir", "data_dir", "data_source", "download", "checkpoint_every",
+                "record_states", "device", "backend", "compile", "eval_batch_size", "seed",
+                "partition_manifest"}
+
+
 def by_setting(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
-    """setting -> method -> runs (by seed), everything sorted, FedAvg first."""
+    """setting -> method -> runs (by seed), everything sorted, FedAvg first. A method with two
+    runs of one seed (a setting swept within a cell, or an old folder beside a rerun with other
+    settings) is split by the settings its runs differ in, 'FedMut (alpha 2.0)', never read as
+    one; FedAvg, which every reading compares with, must have one run a seed (an error)."""
     out: dict[tuple, dict[str, list[Run]]] = {}
     for run in sorted(runs, key=lambda r: (r.setting, str(r.labels["method"]), r.seed)):
         out.setdefault(run.setting, {}).setdefault(str(run.labels["method"]), []).append(run)
+    for setting, by_method in out.items():
+        for method, method_runs in list(by_method.items()):
+            seeds = [run.seed for run in method_runs]
+            if len(set(seeds)) == len(seeds):
+                continue
+            keys = sorted(k for k in {k for run in method_runs for k in run.config} - NOT_SETTINGS
+                          if len({json.dumps(run.config.get(k), sort_keys=True, default=str)
+                                  for run in method_runs}) > 1)
+            if method == BASELINE or not keys:
+                seed = next(s for s in seeds if seeds.count(s) > 1)
+                a, b = [run.run_dir for run in method_runs if run.seed == seed][:2]
+                why = (f" (they differ in {', '.join(keys)}); every reading compares with one "
+                       f"{BASELINE} run a seed") if keys else ""
+                raise ValueError(f"two runs of {method}, seed {seed}, in {', '.join(setting)}: "
+                                 f"{a} and {b}{why}; move one away")
+            del by_method[method]
+            for run in method_runs:
+                name = f"{method} ({', '.join(f'{k} {run.config.get(k)}' for k in keys)})"
+                by_method.setdefault(name, []).append(run)
     return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
             for k, v in sorted(out.items())}
 
