@@ -46,8 +46,16 @@ from flnotes.repro import REPO_ROOT, SWEEP_DIR
 from flnotes.repro.figures import mean_band
 from flnotes.repro.paper_tables import load_paper_table
 from flnotes.repro.reading import CANNOT_TELL, DOES_NOT_HOLD, HOLDS, Reading, read
-from flnotes.repro.tables import (BASELINE, NOT_SETTINGS, SETTING, Run, by_setting, diverged,
-                                  load_runs, sample_std)
+from flnotes.repro.tables import (
+    BASELINE,
+    NOT_SETTINGS,
+    SETTING,
+    Run,
+    by_setting,
+    diverged,
+    load_runs,
+    sample_std,
+)
 
 # a seed method -> its own paper's table, whose difference to FedAvg sits beside ours; any
 # other method (a baseline) is read against the table its grid lands on (cell.json)
