@@ -20,6 +20,14 @@ def on_terminal() -> bool:
         return False
 
 
+def bar_wanted() -> bool:
+    """Whether a bar that no caller switches (the images' decoding) is drawn: on a terminal
+    or in a notebook, whose output shows a redrawn bar in place; never into a log file."""
+    ipython = sys.modules.get("IPython")  # imported already wherever a kernel runs
+    shell = ipython.get_ipython() if ipython is not None else None
+    return on_terminal() or type(shell).__name__ == "ZMQInteractiveShell"
+
+
 def one_line(err) -> str:
     """An error's text (its ``problem`` when it carries one) on one line, for a table cell or a
     one-line message; "" for None."""

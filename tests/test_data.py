@@ -162,6 +162,21 @@ def test_cifar10_image_folder_and_cache(tmp_path, monkeypatch):
         load_dataset("cifar10", data_dir=root)
 
 
+@pytest.mark.parametrize("terminal", [False, True])
+def test_decoding_draws_its_bar_on_a_terminal_only(tmp_path, monkeypatch, capfd, terminal):
+    """The images' decoding bar goes to a terminal (or a notebook), never into a log file
+    (pytest's captured stderr stands for one); the images decode the same either way."""
+    from flnotes import messages
+
+    monkeypatch.setattr(messages, "on_terminal", lambda: terminal)
+    root = tmp_path / "folder"
+    write_image_folder(root, CIFAR10_CLASSES, {"train": 1, "test": 1})
+    files = sorted(str(f) for f in (root / "train").rglob("*.png"))
+    images = vision._decode_images(files, "decoding cifar10/train")
+    assert images.shape == (len(files), 3, 32, 32)
+    assert ("decoding cifar10/train" in capfd.readouterr().err) == terminal
+
+
 def test_image_folder_corrupt_image_is_named(tmp_path):
     root = tmp_path / "folder"
     write_image_folder(root, CIFAR10_CLASSES, {"train": 1, "test": 1})

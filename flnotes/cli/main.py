@@ -539,10 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_READER_LEFT):
         try:
             # As the user waited, start-up included, when this is the program (argv from
-            # the command line); from this call on when called from Python with a list.
+            # the command line); from this call on when called from Python with a list. On
+            # stderr: `methods > table.md` keeps the command's output alone.
             took = seconds_running() if argv is None else time.perf_counter() - tic
-            print(f"done in {took:.1f} s")
             sys.stdout.flush()
+            print(f"done in {took:.1f} s", file=sys.stderr)
         except BrokenPipeError:  # the reader left after the work was done: it stands
             send_nowhere()
     return code

@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flnotes.data.tensors import TensorData, default_cache_dir, default_data_dir
+from flnotes.messages import bar_wanted
 
 # Per-channel statistics of the training sets (the usual published values).
 MEAN_STD = {
@@ -116,7 +117,7 @@ def _decode_images(files: list[str], desc: str) -> torch.Tensor:
     from PIL import Image  # lazy: only a JPEG folder needs it
 
     arrays = []
-    for f in tqdm(files, desc=desc, unit="img", mininterval=1.0):
+    for f in tqdm(files, desc=desc, unit="img", mininterval=1.0, disable=not bar_wanted()):
         try:
             with Image.open(f) as im:
                 arr = np.asarray(im.convert("RGB"))
