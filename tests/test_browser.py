@@ -497,10 +497,23 @@ def _reason(row) -> str:
     return " ".join(t.strip() for t in row.locator(".widget-html").all_inner_texts()).strip()
 
 
-def _png_of(src: str) -> bytes:
+# The first figure's PNG as a data URL, whatever its src (a stored output's data URL, an
+# Image widget's blob URL)
+FIRST_FIGURE_PNG = """async cell => {
+    const blob = await (await fetch(cell.querySelector('.jp-OutputArea img').src)).blob();
+    return await new Promise(done => {
+        const reader = new FileReader();
+        reader.onload = () => done(reader.result);
+        reader.readAsDataURL(blob);
+    });
+}"""
+
+
+def _png_of(cell) -> bytes:
+    """The PNG of the first figure the cell shows."""
     import base64
 
-    return base64.b64decode(src.split(",", 1)[1])
+    return base64.b64decode(cell.evaluate(FIRST_FIGURE_PNG).split(",", 1)[1])
 
 
 def _differing_pixels(png_a: bytes, png_b: bytes) -> int:
@@ -611,7 +624,7 @@ class Mover:
             # control); tests/test_widgets.py compares every control's first image in
             # process, and FLNOTES_BROWSER_THOROUGH=1 every control's here.
             self.compared.add((self.explorer, label))
-            shown = _png_of(cell.evaluate(FIGURE).split("|")[0])
+            shown = _png_of(cell)
             differ = _differing_pixels(shown, self.kernel.fresh_png(self.explorer))
             assert 0 <= differ <= 20, (f"{what}: the image shown differs from a fresh draw "
                                        f"of the same setting in {differ} pixels")
@@ -634,7 +647,7 @@ class Mover:
         assert self.page.get_by_text("Error displaying widget").count() == 0, \
             f"{what}: a widget failed to render"
         self.times.append((f"{label} = {_state(kind, row)}", time.monotonic() - tic))
-        shown = _png_of(cell.evaluate(FIGURE).split("|")[0])
+        shown = _png_of(cell)
         differ = _differing_pixels(shown, self.kernel.fresh_png(self.explorer))
         assert 0 <= differ <= 20, (f"{what}: the image shown differs from a fresh draw of "
                                    f"the same setting in {differ} pixels")
@@ -707,7 +720,7 @@ class Mover:
         assert not errors, f"{what}: the kernel raised:\n{errors[0]}"
         self.times.append((f"{label} = {_state(kind, row)} ({times} presses)",
                            time.monotonic() - tic))
-        shown = _png_of(cell.evaluate(FIGURE).split("|")[0])
+        shown = _png_of(cell)
         differ = _differing_pixels(shown, self.kernel.fresh_png(self.explorer))
         assert 0 <= differ <= 20, (f"{what}: the image shown differs from a fresh draw of "
                                    f"the last setting in {differ} pixels")
@@ -876,13 +889,20 @@ def _widgets_shown(page, failure: str) -> None:
     assert page.get_by_text("Error displaying widget").count() == 0, failure
 
 
-def _reload_after_save(page, root: Path, name: str) -> None:
-    """Save, reload the page (the kernel keeps running): every widget shows again."""
+def _reload_after_save(page, root: Path, name: str, mover: Mover) -> None:
+    """Save, reload the page (the kernel keeps running): every widget shows again, and a
+    control moved in the reloaded page redraws its figure (an updated display output
+    reached only the page that first showed it)."""
     _save_and_read(page, root / f"{name}.ipynb")
     page.reload(timeout=120_000)
     _widgets_shown(page, f"{name}: a widget fails to show after save and reload")
     if name not in NO_EXPLORER:  # the explorers' controls are back, from the kernel
         page.locator(".widget-hbox").first.wait_for(timeout=60_000)
+        cell = next(c for c in page.locator(".jp-CodeCell").all()
+                    if c.locator(".widget-hbox").count() and _controls(c))
+        kind, label, row = next(c for c in _controls(cell) if not _disabled(c[0], c[2]))
+        mover.explorer = 0  # the first explorer's (its fresh picture, if compared)
+        mover.move(cell, kind, f"{label} (after a reload)", row)
     _not_unsaved(page, f"{name}: marked unsaved after save and reload (nothing changed)")
 
 
@@ -970,7 +990,7 @@ def drive_notebook(browser, lab, name: str) -> None:
                 mover.presses(cell)
         cell = None
         if THOROUGH or name in REOPENED:
-            _reload_after_save(page, root, name)
+            _reload_after_save(page, root, name, mover)
         kernel.close()
         kernel = None
         page.close()  # the student closes the tab; another day they open the saved copy

@@ -98,8 +98,9 @@ def _bar_text(model_id: str, state: dict) -> str | None:
 def store_as_text(outputs: list, state: dict) -> list:
     """``outputs`` with no widget view left: a reopened copy has no widget models, and
     JupyterLab shows "Error displaying widget: model not found" for each. An explorer's
-    controls become their plain sentence (its text/plain), a tqdm bar the text line of its
-    last state (or nothing, if its state was not recorded)."""
+    controls become their plain sentence (its text/plain), its figure the PNG beside the
+    view, a tqdm bar the text line of its last state (or nothing, if its state was not
+    recorded)."""
     kept = []
     for output in outputs:
         data = output.get("data", {})
@@ -111,9 +112,9 @@ def store_as_text(outputs: list, state: dict) -> list:
             continue  # a bar whose last state is unknown: its first state would mislead
         if text is not None:
             kept.append(nbformat.v4.new_output("stream", name="stderr", text=text + "\n"))
-        else:
-            kept.append(nbformat.v4.new_output("display_data",
-                                               data={"text/plain": data.get("text/plain", "")}))
+        else:  # what it holds beside the view: a sentence, an explorer's picture
+            kept.append(nbformat.v4.new_output("display_data", data={
+                k: v for k, v in data.items() if k != WIDGET_VIEW} or {"text/plain": ""}))
     return kept
 
 

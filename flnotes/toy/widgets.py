@@ -19,6 +19,7 @@ without any browser: the tests and ``benchmarks/widget_latency.py`` call it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gc
 import html
@@ -35,7 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython import get_ipython
-from IPython.display import HTML, Image, display
+from IPython.display import HTML, display
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 from PIL import Image as PILImage
@@ -91,7 +92,10 @@ class Explorer:
         self.box = W.VBox([*([W.HTML(f"<b>{title}</b>")] if title else []), self.note,
                            *(W.HBox([control, self.busy[name], self.reasons[name]])
                              for name, control in self.controls.items())])
-        self._handle = None
+        # The figure: an image widget, so that every page showing the notebook follows the
+        # redraws (a reloaded page or a second tab too; an updated display output reaches
+        # only the page that first showed it)
+        self.image = W.Image(format="png")
         self._quiet = False  # True while follow() moves controls: one redraw, not several
         self.last_png: bytes | None = None  # the image the last redraw showed
         self.update_idle()
@@ -171,8 +175,7 @@ class Explorer:
                 overrides, line = first
                 self.last_preview = self.png(**overrides)
                 self.note.value = f"<span style='color:#a33'>{line}</span>"
-                if self._handle is not None:
-                    self._handle.update(Image(data=self.last_preview, format="png"))
+                self.image.value = self.last_preview
                 loop = self._page_move_loop() if self.prepare is not None else None
                 if loop is not None:  # the rest in a worker; this move's answer is given
                     self._start_background(loop, busy)
@@ -191,9 +194,7 @@ class Explorer:
     def _show(self, png: bytes) -> None:
         """Show the whole picture of the current values, with its line."""
         self.update_note()
-        self.last_png = png
-        if self._handle is not None:
-            self._handle.update(Image(data=png, format="png"))
+        self.last_png = self.image.value = png
 
     def _take_preview_down(self, reason: str = "") -> None:
         """After a failed or interrupted redraw: the last whole picture again, and
@@ -203,8 +204,8 @@ class Explorer:
         self.update_note()
         if reason:
             self.note.value = f"<span style='color:#a33'>{html.escape(reason)}</span>"
-        if self._handle is not None and self.last_png is not None:
-            self._handle.update(Image(data=self.last_png, format="png"))
+        if self.last_png is not None:
+            self.image.value = self.last_png
 
     @staticmethod
     def _page_move_loop():
@@ -290,12 +291,16 @@ class Explorer:
 
     def _ipython_display_(self) -> None:
         fig = self.figure()
-        # A plain image output (smallest PNG: it is what the notebook stores), updated in
-        # place by every redraw: it survives headless runs, and a copy opened without a
-        # kernel (or on GitHub) shows the figure and the line below it.
-        self._handle = display(Image(data=figure_png(fig, compress=9), format="png"),
-                               display_id=True)
+        # The image widget, with the picture as a plain PNG beside it in the same output
+        # (smallest PNG: it is what the notebook stores): a viewer without widgets (GitHub,
+        # a headless run's copy, the shipped notebooks: notebooks/refresh_outputs.py keeps
+        # it alone) shows that, JupyterLab the widget that every redraw updates.
+        png = self.image.value = figure_png(fig, compress=9)
         plt.close(fig)
+        bundle = self.image._repr_mimebundle_()
+        bundle.update({"image/png": base64.b64encode(png).decode("ascii"),
+                       "text/plain": "<the figure; its controls are below>"})
+        display(bundle, raw=True)
         display(HTML("<small><i>The controls below are live while this notebook's kernel "
                      "runs. Reopened later, a saved copy shows them as they were saved: run "
                      "this cell to move them again (it runs alone, on a fresh kernel too)."
