@@ -560,6 +560,21 @@ def test_a_method_that_draws_fedavgs_path_says_so_beside_the_figure():
     assert ex.note.value == ""
 
 
+@pytest.mark.parametrize("method, moved, reason", [
+    ("fedmut", {"alpha": 0.0}, "alpha 0 draws no mutants"),
+    ("fedqp", {"alpha": 0.0}, "alpha 0 draws no mutants"),
+    ("fedmut", {"rounds": 1}, "a single round leaves no earlier round to build on")])
+def test_a_copy_of_fedavg_made_by_the_settings_says_so(method, moved, reason):
+    """A mutation method at alpha 0, or in one round, draws FedAvg's path because of those
+    settings, not because the toy has no classes: the note names the setting."""
+    values = {"algorithm": method, "lr": 0.1, "rounds": 20, "alpha": 4.0, "beta0": 0.3,
+              "shift": 1.0, "start_x": -0.6, "start_y": -0.7}
+    assert widgets.training_note(values) == ""  # its own path at the first settings
+    note = widgets.training_note({**values, **moved})
+    assert f"{method} draws exactly FedAvg's path at these settings: {reason}." in note
+    assert "no classes" not in note
+
+
 @pytest.mark.parametrize("method", ["fedntd", "fedgen", "moon"])
 def test_a_figures_runs_share_one_backend_so_a_copy_of_fedavg_stays_a_copy(method):
     """At a high learning rate over many rounds the toy is chaotic: FedAvg on the stack and

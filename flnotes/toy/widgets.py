@@ -23,6 +23,7 @@ import base64
 import contextlib
 import gc
 import html
+import inspect
 import io
 import math
 import threading
@@ -870,19 +871,38 @@ def _toy_run(name: str, lr: float, rounds: int, shift: float, start_x: float, st
     return dict(history.rows[-1]), points, notes
 
 
+def _draws_fedavg(values: dict) -> tuple[bool, tuple[str, ...]]:
+    """Whether the figure's run of the chosen method is FedAvg's path, and the warnings the
+    method gave on the way."""
+    runs = _figure_runs(**values)  # the figure's own runs
+    ours, theirs = runs[values["algorithm"]][1]["global"], runs[BASELINE][1]["global"]
+    return (ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-6),
+            runs[values["algorithm"]][2])
+
+
 def training_note(values: dict) -> str:
-    """Said beside the figure when the chosen method draws a copy of FedAvg's path: its
-    extra term has nothing to act on in the toy (no classifier head, one output), with the
-    reason the method gave, if it gave one."""
+    """Said beside the figure when the chosen method draws a copy of FedAvg's path: either
+    these settings give its own step nothing to do (alpha 0, a single round) while the
+    explorer's first settings do, or its extra term has nothing to act on in the toy at all
+    (no classifier head, one output), with the reason the method gave, if it gave one."""
     method = values["algorithm"]
     if method == BASELINE:
         return ""
-    runs = _figure_runs(**values)  # the figure's own runs
-    ours, theirs = runs[method][1]["global"], runs[BASELINE][1]["global"]
-    if ours.shape != theirs.shape or not torch.allclose(ours, theirs, atol=1e-6):
+    same, said = _draws_fedavg(values)
+    if not same:
         return ""
-    why = "; ".join(runs[method][2]) or (f"on the 2-D toy {method}'s own term has nothing to "
-                                         "act on (the toy's model has no classes)")
+    first = {name: parameter.default for name, parameter in
+             inspect.signature(training_runs).parameters.items() if name in values}
+    if not said and not _draws_fedavg({**first, "algorithm": method})[0]:
+        why = [*(["alpha 0 draws no mutants"] if reads(method, "alpha") and
+                 values["alpha"] == 0 else []),
+               *(["a single round leaves no earlier round to build on"] if values["rounds"] == 1
+                 else [])]
+        return (f"{method} draws exactly FedAvg's path at these settings: "
+                + ("; ".join(why) or "its own step changes nothing at these values")
+                + ". At the explorer's first settings its path differs.")
+    why = "; ".join(said) or (f"on the 2-D toy {method}'s own term has nothing to act on (the "
+                              "toy's model has no classes)")
     return (f"{method} draws exactly FedAvg's path here: {why}. Its own term acts on a "
             "model with classes (the CIFAR-10 and Shakespeare tasks), not on this toy.")
 
