@@ -575,6 +575,18 @@ def test_a_copy_of_fedavg_made_by_the_settings_says_so(method, moved, reason):
     assert "no classes" not in note
 
 
+def test_a_run_that_diverges_says_so_beside_the_figure():
+    """FedQP with beta0 1 at lr 0.1: its mutants overshoot and the loss ends near 1e8 while
+    the title alone showed the number; the note names the run and what to lower."""
+    ex = widgets.training_explorer(algorithm="fedqp", rounds=30)
+    assert "Diverged" not in ex.note.value  # beta0 0.3: a sound run
+    ex.set(beta0=1.0)
+    loss = widgets._figure_runs(**ex.values())["fedqp"][0]["loss"]
+    assert loss > widgets.DIVERGED_LOSS
+    assert f"Diverged: fedqp's loss ends at {loss:.3g}, far above where it started; lower " \
+        "the learning rate, alpha or beta0." in ex.note.value
+
+
 @pytest.mark.parametrize("method", ["fedntd", "fedgen", "moon"])
 def test_a_figures_runs_share_one_backend_so_a_copy_of_fedavg_stays_a_copy(method):
     """At a high learning rate over many rounds the toy is chaotic: FedAvg on the stack and

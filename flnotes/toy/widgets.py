@@ -880,14 +880,34 @@ def _draws_fedavg(values: dict) -> tuple[bool, tuple[str, ...]]:
             runs[values["algorithm"]][2])
 
 
-def training_note(values: dict) -> str:
-    """Said beside the figure when the chosen method draws a copy of FedAvg's path: either
-    these settings give its own step nothing to do (alpha 0, a single round) while the
-    explorer's first settings do, or its extra term has nothing to act on in the toy at all
-    (no classifier head, one output), with the reason the method gave, if it gave one."""
-    method = values["algorithm"]
-    if method == BASELINE:
+DIVERGED_LOSS = 10.0  # a toy run whose loss ends above this (the start's is about 1) diverged
+
+
+def diverged_note(values: dict) -> str:
+    """Said beside the figure when a run's loss ends far above where it started: which run,
+    its loss, and what to lower."""
+    runs = _figure_runs(**values)
+    gone = {name: loss for name, (final, _, _) in runs.items()
+            if not (loss := float(final.get("loss", math.nan))) <= DIVERGED_LOSS}
+    if not gone:
         return ""
+    lower = "the learning rate" + (", alpha or beta0" if any(reads(n, "alpha", "beta0")
+                                                              for n in gone) else "")
+    return ("Diverged: " + ", ".join(f"{name}'s loss ends at {loss:.3g}"
+                                      for name, loss in gone.items())
+            + f", far above where it started; lower {lower}.")
+
+
+def training_note(values: dict) -> str:
+    """Said beside the figure when a run diverged (:func:`diverged_note`), or when the chosen
+    method draws a copy of FedAvg's path: either these settings give its own step nothing to
+    do (alpha 0, a single round) while the explorer's first settings do, or its extra term
+    has nothing to act on in the toy at all (no classifier head, one output), with the reason
+    the method gave, if it gave one."""
+    method = values["algorithm"]
+    gone = diverged_note(values)
+    if method == BASELINE or gone:
+        return gone
     same, said = _draws_fedavg(values)
     if not same:
         return ""
