@@ -560,6 +560,10 @@ def test_a_method_that_draws_fedavgs_path_says_so_beside_the_figure():
     assert ex.note.value == ""
 
 
+TRAINING_FIRST = {"lr": 0.1, "rounds": 20, "alpha": 4.0, "beta0": 0.3, "shift": 1.0,
+                  "start_x": -0.6, "start_y": -0.7}  # the training explorer's first settings
+
+
 @pytest.mark.parametrize("method, moved, reason", [
     ("fedmut", {"alpha": 0.0}, "alpha 0 draws no mutants"),
     ("fedqp", {"alpha": 0.0}, "alpha 0 draws no mutants"),
@@ -567,12 +571,23 @@ def test_a_method_that_draws_fedavgs_path_says_so_beside_the_figure():
 def test_a_copy_of_fedavg_made_by_the_settings_says_so(method, moved, reason):
     """A mutation method at alpha 0, or in one round, draws FedAvg's path because of those
     settings, not because the toy has no classes: the note names the setting."""
-    values = {"algorithm": method, "lr": 0.1, "rounds": 20, "alpha": 4.0, "beta0": 0.3,
-              "shift": 1.0, "start_x": -0.6, "start_y": -0.7}
+    values = {"algorithm": method, **TRAINING_FIRST}
     assert widgets.training_note(values) == ""  # its own path at the first settings
     note = widgets.training_note({**values, **moved})
     assert f"{method} draws exactly FedAvg's path at these settings: {reason}." in note
     assert "no classes" not in note
+
+
+@pytest.mark.parametrize("method", ["moon", "fedgen", "fedntd"])
+def test_a_method_that_races_as_fedavg_says_so_beside_the_race(method):
+    """The race gives these methods FedAvg's rows (their term needs classes); the note says
+    so, as the training explorer does, and a method that does race apart gets none."""
+    assert widgets._draws_fedavg({**TRAINING_FIRST, "algorithm": method})[0]
+    ex = widgets.race_explorer(algorithm=method, seeds=2, rounds=2)
+    assert f"{method} races exactly as FedAvg here: " in ex.note.value
+    assert widgets.race_note({**ex.values(), "algorithm": "fedqp", "alpha": 2.0}) == ""
+    assert widgets.race_note({**ex.values(), "algorithm": "fedqp", "alpha": 0.0}) == (
+        "fedqp races exactly as FedAvg here: alpha 0 draws no mutants.")
 
 
 def test_a_run_that_diverges_says_so_beside_the_figure():

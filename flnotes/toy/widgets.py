@@ -1088,6 +1088,23 @@ def draw_race(algorithm: str = "fedqp", alpha: float | None = None, lr: float = 
                                      seeds=seeds)
 
 
+def race_note(values: dict) -> str:
+    """Said beside the race when the method races exactly as FedAvg: at alpha 0 (no mutants),
+    or because the toy gives its own term nothing to act on (as the training explorer finds
+    from its first settings; the reason the method gave, if it gave one)."""
+    method = values["algorithm"]
+    if reads(method, "alpha") and values["alpha"] == 0:
+        return f"{method} races exactly as FedAvg here: alpha 0 draws no mutants."
+    first = {name: parameter.default for name, parameter in
+             inspect.signature(training_runs).parameters.items() if name != "seed"}
+    same, said = _draws_fedavg({**first, "algorithm": method})
+    if not same:
+        return ""
+    why = "; ".join(said) or (f"on the 2-D toy {method}'s own term has nothing to act on (the "
+                              "toy's model has no classes)")
+    return f"{method} races exactly as FedAvg here: {why}."
+
+
 def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
     """Sliders for one method's alpha, the learning rate, rounds and seeds of a mini race.
 
@@ -1133,7 +1150,7 @@ def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
 
     explorer = Explorer(partial(draw_race, options=options), controls,
                         "A mini race against FedAvg", idle=idle, follow=follow,
-                        scene=RaceScene(options), preview=preview,
+                        note=race_note, scene=RaceScene(options), preview=preview,
                         prepare=lambda values: race_rows(options=options, **values))
     warm_up([BASELINE, *controls["algorithm"].options])  # their first runs' imports, now
     return explorer
