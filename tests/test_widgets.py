@@ -590,6 +590,15 @@ def test_a_method_that_races_as_fedavg_says_so_beside_the_race(method):
         "fedqp races exactly as FedAvg here: alpha 0 draws no mutants.")
 
 
+def test_the_mutation_explorer_at_alpha_zero_says_why_only_the_global_model_shows():
+    ex = widgets.mutation_explorer()
+    assert "At alpha = 0" not in ex.note.value
+    ex.set(alpha=0.0)
+    assert "At alpha = 0 every mutant is the global model itself" in ex.note.value
+    ex.set(kind="sign")  # no "two points" line either: there are none
+    assert "two points" not in ex.note.value and "At alpha = 0" in ex.note.value
+
+
 def test_a_run_that_diverges_says_so_beside_the_figure():
     """FedQP with beta0 1 at lr 0.1: its mutants overshoot and the loss ends near 1e8 while
     the title alone showed the number; the note names the run and what to lower."""

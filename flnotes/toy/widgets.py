@@ -628,9 +628,13 @@ class MutationScene(Scene):
 
     def note(self, values: dict) -> str:
         """A line under the figure when the window had to widen, and when the mutation
-        reaches points, not a region (sign mutation of the whole vector)."""
+        reaches points, not a region (sign mutation of the whole vector), or nothing at all
+        (alpha 0: every mutant is the global model)."""
         lines = []
-        if values["kind"] == "sign" and not values["layerwise"]:
+        if float(values["alpha"]) == 0:
+            lines.append("At alpha = 0 every mutant is the global model itself: no disc, fan "
+                         "or mutant to draw, only the global model.")
+        elif values["kind"] == "sign" and not values["layerwise"]:
             lines.append("A sign mutation of the whole vector reaches two points only, w + "
                          "alpha g and w - (1 - beta) alpha g (and their projections): no "
                          "region to shade.")
