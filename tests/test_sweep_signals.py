@@ -66,7 +66,10 @@ def _running_pids(out: Path) -> bool:
 
 
 def _sweep(grid: Path, out: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    """The sweep, with its temporary files (the workers' kernelspec folders) in a folder of
+    its own next to ``out``: every one must be gone once its process ends."""
+    (out.parent / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(out.parent / "tmp")}
     return subprocess.Popen([sys.executable, "-m", "flnotes", "sweep", str(grid), "--workers",
                              "2", "--out", str(out)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -89,6 +92,9 @@ def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
         assert status == {1: "completed", 2: "interrupted", 3: "interrupted"}
         _wait_for(lambda: not any(_alive(p) for p in _pids(out)), "workers and kernels to end",
                   limit=20)
+        # a worker stopped by SIGTERM kills its own group, itself included: before that it
+        # removes its kernelspec folder, which its exit handlers would have
+        assert not list((out.parent / "tmp").glob("flnotes-jupyter-*"))
 
         # 2. SIGKILL of the sweep itself: its workers and their kernels die with it.
         for x in (2, 3):
@@ -104,6 +110,7 @@ def test_parallel_sweep_stops_on_ctrl_c_and_sigkill_and_resumes(tmp_path):
         sweep.communicate(timeout=30)
         _wait_for(lambda: not any(_alive(p) for p in started), "orphaned workers to end",
                   limit=30)
+        assert not list((out.parent / "tmp").glob("flnotes-jupyter-*"))  # (they stop alike)
 
         # 3. The same command again completes the grid; x=1 is not run a third time.
         block.unlink()

@@ -9,8 +9,9 @@ for that name.
 
 That folder lives as long as the process that made it (``JUPYTER_PATH`` names it, and every
 notebook the process runs starts its kernel from it) and is removed when that process ends,
-whether it ends normally or on an exception; only a process killed outright (SIGKILL, or a
-sweep worker stopped by SIGTERM, which leaves by ``os._exit``) leaves it behind.
+whether it ends normally or on an exception; a sweep worker stopped by SIGTERM removes it
+before it kills its process group (:func:`remove_kernel_folder`). Only a process killed
+outright (SIGKILL) leaves it behind.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from multiprocessing.util import Finalize
 from pathlib import Path
 
 KERNEL_NAME = "flnotes-python"
+_REMOVERS: list[Finalize] = []  # the folder's removal, run at exit or early (a killed worker)
 # An optional package of jsonschema's that builds a grammar when imported (see import_papermill)
 SLOW_FORMAT_CHECKER = "rfc3987_syntax"
 
@@ -38,8 +40,8 @@ def current_kernel() -> str:
     # multiprocessing processes, which run these finalizers as they end but leave by
     # os._exit, skipping atexit. It runs only in the process that made the folder (a forked
     # child that inherits the name leaves it to its parent).
-    Finalize(None, shutil.rmtree, args=(folder,), kwargs={"ignore_errors": True},
-             exitpriority=0)
+    _REMOVERS.append(Finalize(None, shutil.rmtree, args=(folder,),
+                              kwargs={"ignore_errors": True}, exitpriority=0))
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
     # As ipykernel's own spec: its metadata lets the kernel manager use CurveZMQ (without it
@@ -53,6 +55,13 @@ def current_kernel() -> str:
     paths = [str(folder), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
     os.environ["JUPYTER_PATH"] = os.pathsep.join(paths)
     return KERNEL_NAME
+
+
+def remove_kernel_folder() -> None:
+    """Remove this process's kernelspec folder now, where the process is about to end without
+    its exit handlers (a sweep worker killing its own process group)."""
+    for remove in _REMOVERS:
+        remove()  # a Finalize runs once: at exit it does nothing more
 
 
 def import_papermill():
