@@ -246,6 +246,24 @@ def test_natural_split_keeps_only_the_chosen_clients_test_rows(tmp_path):
     assert "personal_accuracy" in history.rows[-1]
 
 
+def test_too_many_clients_for_a_natural_split_says_how_many_there_are(tmp_path):
+    from flnotes.data.leaf import load_shakespeare
+    from flnotes.data.plays import write_demo_plays
+
+    folder = write_demo_plays(tmp_path / "plays", num_roles=4, speeches=16)
+    config = RunConfig(algorithm="fedavg", dataset="shakespeare", data_dir=str(folder),
+                       data_options={"seq_len": 10}, partition="natural", num_clients=9,
+                       clients_per_round=2, rounds=1, min_client_size=1, device="cpu")
+    parts = len(load_shakespeare(folder, False, 0, seq_len=10).client_indices)
+    try:
+        build_task(config)
+    except ValueError as err:
+        assert str(err).endswith(f"has only {parts} natural clients but num_clients=9: set "
+                                 f"num_clients to {parts} or fewer (--num-clients {parts})")
+    else:
+        raise AssertionError("9 clients from a split of fewer")
+
+
 def test_state_is_finite_finds_any_bad_float_layer():
     good = OrderedDict([("w", torch.ones(3)), ("b", torch.zeros(())),
                         ("n", torch.tensor(2, dtype=torch.long))])

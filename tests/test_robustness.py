@@ -84,6 +84,37 @@ TINY = ["--num-clients", "4", "--clients-per-round", "2", "--data-option", "num_
         "--data-option", "num_test=100", "--device", "cpu"]
 
 
+def test_a_download_without_a_network_says_what_failed_and_what_to_do(tmp_path, monkeypatch):
+    """The network's refusal (torchvision's urlopen) is one line naming the dataset, the
+    folder and the way without a network, not "<urlopen error ...>" alone."""
+    import urllib.error
+
+    from flnotes.data import DATASETS, load_dataset
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    monkeypatch.setitem(DATASETS, "cifar10", offline)
+    with pytest.raises(ConnectionError, match=f"downloading cifar10 into {tmp_path} failed "
+                       r"\(\[Errno -2\] Name or service not known\): without a network, copy"):
+        load_dataset("cifar10", data_dir=tmp_path, download=True)
+
+
+def test_every_missing_logger_package_is_named_at_once(monkeypatch):
+    import importlib.util
+
+    from flnotes.engine.tracking import TrackingError, check_installed
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TrackingError, match=r"^--logger tensorboard, mlflow needs the "
+                       r"tensorboard, mlflow packages: pip install "
+                       r"'flnotes\[tensorboard,mlflow\]'$"):
+        check_installed(["tensorboard", "mlflow"])
+    with pytest.raises(TrackingError, match=r"^--logger mlflow needs the mlflow package: "
+                       r"pip install 'flnotes\[mlflow\]'$"):
+        check_installed(["mlflow"])
+
+
 def test_run_refuses_logger_dir_without_logger_as_sweep_does(tmp_path, capsys):
     assert main(["run", *TINY, "--rounds", "1", "--logger-dir", str(tmp_path / "logs"),
                  "--run-dir", str(tmp_path / "r")]) == 2

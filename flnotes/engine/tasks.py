@@ -208,7 +208,8 @@ def build_task(config) -> Task:
         parts = list(parts)[: config.num_clients]
         if len(parts) < config.num_clients:
             raise ValueError(f"{config.dataset!r} has only {len(parts)} natural clients but "
-                             f"num_clients={config.num_clients}")
+                             f"num_clients={config.num_clients}: set num_clients to "
+                             f"{len(parts)} or fewer (--num-clients {len(parts)})")
         natural_tests = getattr(data, "client_test_indices", None)
         if natural_tests:
             return _natural_task(config, data, parts, list(natural_tests)[: config.num_clients])

@@ -61,11 +61,13 @@ def parse_loggers(values: Iterable[str] | None) -> list[str]:
 
 
 def check_installed(names: Iterable[str]) -> None:
-    """TrackingError naming the pip command for the first logger whose package is missing."""
-    for name in names:
-        if importlib.util.find_spec(name) is None:
-            raise TrackingError(f"--logger {name} needs the {name} package: "
-                                f"pip install 'flnotes[{name}]'")
+    """TrackingError naming the pip command for every logger whose package is missing."""
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        them = ", ".join(missing)
+        raise TrackingError(f"--logger {them} needs the {them} package"
+                            f"{'s' if len(missing) > 1 else ''}: "
+                            f"pip install 'flnotes[{','.join(missing)}]'")
 
 
 def scalars(row: dict) -> dict[str, float]:
