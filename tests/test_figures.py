@@ -198,5 +198,8 @@ def test_cli_lists_and_writes_png_and_caption(smoke, tmp_path, capsys):
     assert out.stat().st_size > 0
     text = out.with_suffix(".md").read_text()
     assert "Paper's caption: Ablation study results." in text and "Ours: " in text
+    # smoke runs keep the paper setting's labels: the caption (and the title) say smoke scale
+    assert text.startswith("FedQP (SEKE 2024) Fig. 4 (fedqp-fig4), at smoke scale: the grid's "
+                           "smoke variant")
     assert cli_main(["figures", str(tmp_path), "--figure", "fedqp-fig44"]) == 2
     assert "did you mean" in capsys.readouterr().err.lower()
