@@ -113,6 +113,29 @@ def test_manifest_against_other_labels_raises(tmp_path, labels):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: [[len(c[0]) * 1000]] + c[1:], "sample index 1000000 is not one of the 5000"),
+    (lambda c: [[-1, *c[0]]] + c[1:], "sample index -1 is not one of the 5000"),
+    (lambda c: [c[0] + [c[1][0]]] + c[1:], "is given more than once"),
+    (lambda c: [[]] + c[1:], "must be non-empty lists of sample indices"),
+    (lambda c: [[0.5, *c[0]]] + c[1:], "must be non-empty lists of sample indices"),
+    (lambda c: [[True]] + c[1:], "must be non-empty lists of sample indices"),
+    (lambda c: {"a": c}, "must be non-empty lists of sample indices"),
+])
+def test_a_hand_edited_manifest_is_checked_not_trained_on(tmp_path, labels, edit, words):
+    """Indices outside the data (a negative one counts from the end), a sample on two
+    clients, an empty client, fractions or booleans: an error naming the problem, never a run
+    on other samples than the manifest seems to say."""
+    import json
+
+    path = tmp_path / "manifest.json"
+    save_manifest(path, iid_partition(len(labels), 5, seed=0), labels)
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "clients": edit(manifest["clients"])}))
+    with pytest.raises(ValueError, match=words):
+        load_manifest(path, labels)
+
+
 def test_labels_hash_ignores_dtype_but_not_values(labels):
     assert labels_hash(labels) == labels_hash(labels.to(torch.int32))
     assert labels_hash(labels) != labels_hash(labels.flip(0))

@@ -184,13 +184,24 @@ def load_manifest(path: str | Path, labels: torch.Tensor) -> list[torch.Tensor]:
     if not isinstance(manifest, dict) or not {"labels_sha256", "clients"} <= set(manifest):
         raise ValueError(f"partition manifest {path} is not one save_manifest wrote: it needs "
                          "'labels_sha256' and 'clients'")
-    try:
-        clients = _to_tensors(manifest["clients"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"partition manifest {path}: 'clients' must be lists of sample "
-                         f"indices ({err})") from None
+    lists = manifest["clients"]
+    whole = (isinstance(lists, list) and lists and all(
+        isinstance(ix, list) and ix and all(type(i) is int for i in ix) for ix in lists))
+    if not whole:  # (numpy would cut 0.5 to sample 0 and read True as sample 1)
+        raise ValueError(f"partition manifest {path}: 'clients' must be non-empty lists of "
+                         "sample indices (whole numbers), one list per client")
+    clients = _to_tensors(lists)
     expected, actual = manifest["labels_sha256"], labels_hash(labels)
     if expected != actual:
         raise ValueError(f"manifest {path} was made from different data: its labels_sha256 "
                          f"is {expected}, the given labels hash to {actual}")
+    every = torch.cat(clients)
+    outside = every[(every < 0) | (every >= len(labels))]
+    if len(outside):  # (a negative index would count from the end: a silent wrong sample)
+        raise ValueError(f"partition manifest {path}: sample index {int(outside[0])} is not "
+                         f"one of the {len(labels)} training samples (0 to {len(labels) - 1})")
+    values, counts = torch.unique(every, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"partition manifest {path}: sample {int(values[counts > 1][0])} is "
+                         "given more than once; a partition gives each sample to one client")
     return clients
