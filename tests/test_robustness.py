@@ -100,6 +100,18 @@ def test_a_download_without_a_network_says_what_failed_and_what_to_do(tmp_path, 
         load_dataset("cifar10", data_dir=tmp_path, download=True)
 
 
+@pytest.mark.parametrize("flags, name", [(["--lr", "1e308"], "lr"),
+                                         (["--weight-decay", "1e39"], "weight_decay"),
+                                         (["--algorithm", "fedgen", "--fedgen-lr", "1e308"],
+                                          "fedgen_lr")])
+def test_a_number_float32_cannot_hold_is_refused_up_front(tmp_path, capsys, flags, name):
+    """Finite but beyond float32: the optimizer failed in round 1 with an 'unexpected'
+    overflow (the loop backend) or the run read as diverged (vmap)."""
+    assert main(["run", *TINY, "--rounds", "1", *flags, "--run-dir", str(tmp_path / "r")]) == 2
+    assert _error_line(capsys).startswith(f"error: RunConfig.{name}=1e+")
+    assert not (tmp_path / "r").exists()
+
+
 def test_every_missing_logger_package_is_named_at_once(monkeypatch):
     import importlib.util
 

@@ -76,6 +76,17 @@ def test_a_run_records_the_count_it_used_and_gives_the_callers_back(monkeypatch)
         torch.set_num_threads(before)
 
 
+def test_a_thread_count_far_beyond_any_cpu_is_refused_before_torch_sees_it(tmp_path):
+    """torch.set_num_threads(99999) and one matrix product end the process (SIGSEGV) with no
+    message: the count is refused first, and no run folder is started."""
+    from flnotes.engine.threads import MOST_REQUESTED
+
+    with pytest.raises(ValueError, match=f"threads={MOST_REQUESTED + 1} is invalid: at most "
+                       f"{MOST_REQUESTED}"):
+        run(tiny(run_dir=str(tmp_path / "r")), progress=False, threads=MOST_REQUESTED + 1)
+    assert not (tmp_path / "r").exists()
+
+
 def test_run_threads_flag(tmp_path):
     folder = tmp_path / "r"
     done = subprocess.run([sys.executable, "-m", "flnotes", "run", "--preset", "demo",

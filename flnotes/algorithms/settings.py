@@ -25,6 +25,16 @@ from flnotes.messages import did_you_mean
 
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a finite number",
                str: "a string"}
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: a model's numbers
+
+
+def float32_overflow(value: Any) -> str | None:
+    """'must be at most ...' for a finite number that float32 cannot hold: the optimizer
+    turns it into a model's float32 and fails with an overflow deep in a round."""
+    if (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and abs(value) > FLOAT32_MAX):
+        return f"must be at most {FLOAT32_MAX:.3g} in size: float32 tensors cannot hold {value:g}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,8 @@ class Setting:
         """'must be ...' if ``value`` is not allowed, else None."""
         if value is None:
             return None if self.none_means else f"must be {self.allowed()}"
+        if self.kind is float and (overflow := float32_overflow(value)):
+            return overflow
         if self.kind is bool:
             ok = isinstance(value, bool)
         elif self.kind is int:

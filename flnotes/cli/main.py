@@ -508,7 +508,6 @@ def seconds_running() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m flnotes``."""
-    tic = time.perf_counter()
     args = parse_args(build_parser(_help_algorithm(argv)), argv)
     try:
         with terminate_like_ctrl_c():
@@ -536,12 +535,12 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("FLNOTES_TRACEBACK"):
             raise
         return 1
-    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_READER_LEFT):
+    if argv is None and code not in (EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_READER_LEFT):
         try:
-            # As the user waited, start-up included, when this is the program (argv from
-            # the command line); from this call on when called from Python with a list. On
-            # stderr: `methods > table.md` keeps the command's output alone.
-            took = seconds_running() if argv is None else time.perf_counter() - tic
+            # Only as the program (argv from the command line), as the user waited, start-up
+            # included; on stderr: `methods > table.md` keeps the command's output alone, and
+            # a caller from Python reads its own output and errors.
+            took = seconds_running()
             sys.stdout.flush()
             print(f"done in {took:.1f} s", file=sys.stderr)
         except BrokenPipeError:  # the reader left after the work was done: it stands

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from flnotes.algorithms import algorithm_class, algorithm_names, all_settings, readers, settings_of
+from flnotes.algorithms.settings import float32_overflow
 from flnotes.config.presets import (
     BASELINE_READING,
     SEED_REPOSITORY,
@@ -415,6 +416,9 @@ def _problems(c: RunConfig):
             yield bad(name, "must be a positive finite number")
     if not _is_number(c.weight_decay) or c.weight_decay < 0:
         yield bad("weight_decay", "must be a non-negative finite number")
+    for name in ("lr", "weight_decay"):  # each becomes a float32 step inside the optimizer
+        if overflow := float32_overflow(getattr(c, name)):
+            yield bad(name, overflow)
     if not _is_number(c.momentum) or not 0 <= c.momentum < 1:
         yield bad("momentum", "must be in [0, 1)")
     elif c.momentum != 0 and cls is not None and cls.own_momentum:

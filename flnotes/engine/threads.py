@@ -36,6 +36,7 @@ from torch import nn
 
 LARGE_MACS = 0.5e6  # multiply-adds per sample: the MLP 0.2M, LeNet 0.65M, ResNet-18 ~560M
 MOST_THREADS = 8
+MOST_REQUESTED = 1024  # the most a user may ask for: far beyond any CPU's cores
 
 
 def multiply_adds(model: nn.Module, example: torch.Tensor) -> float:
@@ -102,6 +103,9 @@ def choose_threads(requested: int | None, macs: Callable[[], float],
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise ValueError(f"threads={requested!r} is invalid: give a whole number >= 1 "
                              "(or leave it out: flnotes picks one, see flnotes/engine/threads.py)")
+        if requested > MOST_REQUESTED:  # torch's pool crashes (SIGSEGV) at tens of thousands
+            raise ValueError(f"threads={requested} is invalid: at most {MOST_REQUESTED} (this "
+                             f"machine has {os.cpu_count()} cores; threads beyond them only wait)")
         return requested
     if os.environ.get("OMP_NUM_THREADS"):
         return None
