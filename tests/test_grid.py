@@ -70,8 +70,13 @@ def test_preset_fields_fill_parameters_and_extra(tmp_path, notebook):
     ({"paper_table": "nope"}, "unknown paper_table 'nope'"),
     ({"fixed": {"preset": "no-such-preset"}}, "no-such-preset"),
     ({"stack_seeds": "yes"}, "'stack_seeds' must be true or false"),
+    ({"grid": {"h": {"a": {"x": 1, "labels": 5}}}},
+     "grid axis 'h', label 'a': 'labels' must map names to a text or a number each, got 5"),
+    ({"labels": {"dataset": [1, 2]}}, "'labels' must map names to a text or a number each"),
+    ({"notebook": "plain.txt"}, "is not a Jupyter notebook (Notebook does not appear to be JSON"),
 ])
 def test_bad_grids_fail_before_anything_runs(tmp_path, notebook, change, message):
+    (tmp_path / "plain.txt").write_text("not a notebook")
     spec = {"notebook": notebook.name, "grid": {"x": [1, 2]}, "seeds": [0]}
     spec.update(change)
     path = write_grid(tmp_path, spec)

@@ -201,6 +201,9 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     elif notebook is None:
         problems.append(f"notebook {spec['notebook']!r} not found (looked beside the grid, in "
                         f"the current folder and in {PACKAGE_DIR})")
+    elif (unread := _not_a_notebook(notebook)) is not None:
+        problems.append(unread)
+        notebook = None
     table = spec.get("paper_table")
     if table is not None:
         from flnotes.repro.paper_tables import paper_table_names  # lazy: pandas, not for workers
@@ -217,7 +220,7 @@ def load_grid(path: str | Path, smoke: bool = False, overrides: dict | None = No
     elif stack and notebook is not None and "seeds" not in notebook_parameters(notebook):
         problems.append(f"'stack_seeds' needs a notebook with a 'seeds' parameter; "
                         f"{notebook.name} takes one 'seed'")
-    problems += _axis_problems(axes)
+    problems += _axis_problems(axes) + _label_problems("'labels'", labels)
     overrides = dict(overrides or {})
     if notebook is not None:
         problems += _parameter_problems(notebook, fixed, axes, overrides)
@@ -378,6 +381,27 @@ def _name_problems(cell: Cell) -> list[str]:
     return problems
 
 
+def _label_problems(where: str, labels: Any) -> list[str]:
+    """A table's labels must map names to a text or a number (a table's cell is named by
+    them)."""
+    if isinstance(labels, dict) and all(isinstance(v, (str, int, float)) and
+                                        not isinstance(v, bool) for v in labels.values()):
+        return []
+    return [f"{where} must map names to a text or a number each, got {labels!r}"]
+
+
+def _not_a_notebook(path: Path) -> str | None:
+    """Why ``path`` cannot be run as a notebook, or None when it can be read as one."""
+    import_papermill()  # it imports nbformat without jsonschema's slow checker (see there)
+    import nbformat  # imported by papermill just now: no cost
+
+    try:
+        nbformat.read(str(path), as_version=4)
+    except Exception as err:  # nbformat raises JSON, validation and OS errors alike
+        return f"notebook {str(path)!r} is not a Jupyter notebook ({one_line(err)})"
+    return None
+
+
 def _axis_problems(axes: dict) -> list[str]:
     problems = []
     for name, values in axes.items():
@@ -393,6 +417,9 @@ def _axis_problems(axes: dict) -> list[str]:
                 elif key in bundles:
                     problems.append(f"grid axis {name!r}: labels {bundles[key]!r} and {label!r} "
                                     "set the same parameters (the same runs twice)")
+                elif "labels" in bundle:
+                    problems += _label_problems(f"grid axis {name!r}, label {label!r}: 'labels'",
+                                                bundle["labels"])
                 bundles.setdefault(key, label)
         elif not isinstance(values, list) or not values:
             problems.append(f"grid axis {name!r} must be a non-empty list of values or a mapping "
