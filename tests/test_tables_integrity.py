@@ -102,6 +102,38 @@ def test_a_half_written_last_line_of_a_running_run_is_no_warning(tmp_path, capsy
     assert fedavg_cell(out).startswith("47.93 / 40.00~")  # running: partial, as before
 
 
+def test_a_missing_or_dangling_metrics_file_is_named_not_dropped_silently(tmp_path, capsys):
+    """A completed run whose metrics.jsonl is gone, or a link to nothing, would change the
+    averages unseen; a run that has not reached its first round is no warning."""
+    write_run(tmp_path / "seed0", [50.0])
+    gone = write_run(tmp_path / "seed1", [60.0], seed=1)
+    (gone / "metrics.jsonl").unlink()
+    (gone / "metrics.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    lost = write_run(tmp_path / "seed2", [70.0], seed=2)
+    (lost / "metrics.jsonl").unlink()
+    (write_run(tmp_path / "seed3", [], seed=3, status="running") / "metrics.jsonl").unlink()
+    code, out, err = tables(tmp_path, capsys)
+    assert code == 0 and fedavg_cell(out).startswith("47.93 / 50.00")
+    assert f"skipping run folder {gone}: its metrics.jsonl is missing (a link to nothing)" in err
+    assert f"skipping run folder {lost}: its metrics.jsonl is missing" in err
+    assert "seed3" not in err
+
+
+def test_a_cell_json_with_bad_labels_or_an_unknown_table_is_said(tmp_path, capsys):
+    """Labels that are lists are a damaged cell.json (skipped, named; it raised an
+    'unexpected' TypeError); an unknown paper table is named and its runs read as loose runs."""
+    for name, info in (("listed", {"labels": {"dataset": [1]}}),
+                       ("elsewhere", {"paper_table": "nope"})):
+        write_run(tmp_path / name / "runs" / "seed0", [50.0])
+        (tmp_path / name / "cell.json").write_text(json.dumps(info))
+    code, out, err = tables(tmp_path, capsys)
+    assert code == 0 and "Traceback" not in err
+    assert f"skipping run folder {tmp_path / 'listed' / 'runs' / 'seed0'}: " in err
+    assert "its labels must map names to a text or a number each" in err
+    assert f"{tmp_path / 'elsewhere' / 'cell.json'} names paper table 'nope'" in err
+    assert fedavg_cell(out).startswith("47.93 / 50.00")  # the loose run, read after all
+
+
 def test_failed_runs_are_shown_apart_and_never_averaged(tmp_path, capsys):
     write_run(tmp_path / "ok", [50.0])
     broken = write_run(tmp_path / "broken", [10.0], seed=1, status="failed",

@@ -87,6 +87,17 @@ def _cell_info(run_dir: Path, root: Path) -> dict:
                 raise ValueError(f"{cell} is damaged ({one_line(err)})") from None
             if not isinstance(info, dict):
                 raise ValueError(f"{cell} is damaged (not a JSON object)")
+            labels = info.get("labels", {})
+            if not isinstance(labels, dict) or not all(
+                    isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                    for v in labels.values()):
+                raise ValueError(f"{cell} is damaged (its labels must map names to a text or "
+                                 f"a number each, not {json.dumps(labels)[:80]})")
+            table = info.get("paper_table")
+            if table is not None and table not in paper_table_names():
+                print(f"warning: {cell} names paper table {table!r}, which flnotes does not "
+                      "have: its runs are read as runs of no table", file=sys.stderr)
+                info = {**info, "paper_table": None}
             return info
         if folder == root:
             break
@@ -190,6 +201,14 @@ def one_per_run(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.loc[sorted(keep)]
 
 
+def _status(meta_file: Path) -> str | None:
+    """A run.json's status, or None where it cannot be read."""
+    try:
+        return read_run_json(meta_file).get("status")
+    except (ValueError, TypeError, AttributeError, OSError):
+        return None
+
+
 def collect_runs(root: str | Path) -> pd.DataFrame:
     """One row per run folder under root: table key, seed, status, run metrics and config."""
     root = Path(root)
@@ -200,7 +219,11 @@ def collect_runs(root: str | Path) -> pd.DataFrame:
     for meta_file in sorted(root.rglob("run.json")):
         run_dir = meta_file.parent
         metrics_file = run_dir / "metrics.jsonl"
-        if not metrics_file.exists():
+        if not metrics_file.exists():  # a run not yet at its first round, unless it says more
+            if metrics_file.is_symlink() or _status(meta_file) not in ("running", None):
+                print(f"warning: skipping run folder {run_dir}: its metrics.jsonl is missing"
+                      + (" (a link to nothing)" if metrics_file.is_symlink() else ""),
+                      file=sys.stderr)
             continue
         try:
             meta = read_run_json(meta_file)
