@@ -96,6 +96,24 @@ def test_the_kernel_folder_is_removed_when_the_process_ends(tmp_path):
     assert list(temp.iterdir()) == []
 
 
+def test_a_released_kernel_folder_is_gone_and_the_next_one_is_fresh(monkeypatch):
+    """release_kernel (a Ray task's end, a stopped worker): the folder is removed and taken
+    off JUPYTER_PATH, the user's own entries kept; the next cell gets a new folder."""
+    from flnotes.repro.kernel import release_kernel
+
+    monkeypatch.setenv("JUPYTER_PATH", "/users/own")
+    current_kernel.cache_clear()
+    current_kernel()
+    first = Path(os.environ["JUPYTER_PATH"].split(os.pathsep)[0])
+    assert (first / "kernels" / KERNEL_NAME / "kernel.json").is_file()
+    release_kernel()
+    assert not first.exists() and os.environ["JUPYTER_PATH"] == "/users/own"
+    assert current_kernel() == KERNEL_NAME
+    second = Path(os.environ["JUPYTER_PATH"].split(os.pathsep)[0])
+    assert second != first and (second / "kernels" / KERNEL_NAME / "kernel.json").is_file()
+    release_kernel()
+
+
 def test_a_sweep_with_the_default_out_nests_its_run_folders_once(tmp_path, monkeypatch):
     notebook = write_notebook(tmp_path, BODY)
     grid = load_grid(write_grid(tmp_path, {"notebook": notebook.name, "grid": {"x": [1]},

@@ -57,6 +57,22 @@ COLUMNS = ["cell", "dataset", "model", "heterogeneity", "algorithms", "seed", "s
            "acc_last10"]
 
 
+def test_a_ray_task_leaves_no_kernel_folder_behind():
+    """Ray ends its workers without their exit handlers, which would remove the folder: each
+    task removes its own (a sweep left one flnotes-jupyter-* folder per worker in /tmp)."""
+    from flnotes.repro.ray_executor import _run_in_task
+
+    def kernel_folder_of_this_task(*job) -> str:  # a cell's stand-in (local: sent by value)
+        from flnotes.repro.kernel import current_kernel
+
+        current_kernel()
+        return os.environ["JUPYTER_PATH"].split(os.pathsep)[0]
+
+    task = ray.remote(_run_in_task).options(num_cpus=1, num_gpus=0)
+    folder = ray.get(task.remote(kernel_folder_of_this_task, 0, 1, ()))
+    assert Path(folder).name.startswith("flnotes-jupyter-") and not Path(folder).exists()
+
+
 def test_smoke_grid_gives_the_local_summary(tmp_path):
     grid = load_grid(REPO / "sweeps" / "fedup_table4.yaml", smoke=True)
     grid.cells = [c for c in grid.cells if c.parameters["algorithms"] in ("fedavg", "moon")]

@@ -10,8 +10,9 @@ for that name.
 That folder lives as long as the process that made it (``JUPYTER_PATH`` names it, and every
 notebook the process runs starts its kernel from it) and is removed when that process ends,
 whether it ends normally or on an exception; a sweep worker stopped by SIGTERM removes it
-before it kills its process group (:func:`remove_kernel_folder`). Only a process killed
-outright (SIGKILL) leaves it behind.
+before it kills its process group, and a Ray task after its cell (Ray ends its workers
+without their exit handlers): :func:`release_kernel`. Only a process killed outright
+(SIGKILL) leaves it behind.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from multiprocessing.util import Finalize
 from pathlib import Path
 
 KERNEL_NAME = "flnotes-python"
-_REMOVERS: list[Finalize] = []  # the folder's removal, run at exit or early (a killed worker)
+_REMOVERS: list[tuple[str, Finalize]] = []  # (folder, its removal: at exit, or released)
 # An optional package of jsonschema's that builds a grammar when imported (see import_papermill)
 SLOW_FORMAT_CHECKER = "rfc3987_syntax"
 
@@ -40,8 +41,8 @@ def current_kernel() -> str:
     # multiprocessing processes, which run these finalizers as they end but leave by
     # os._exit, skipping atexit. It runs only in the process that made the folder (a forked
     # child that inherits the name leaves it to its parent).
-    _REMOVERS.append(Finalize(None, shutil.rmtree, args=(folder,),
-                              kwargs={"ignore_errors": True}, exitpriority=0))
+    _REMOVERS.append((str(folder), Finalize(None, shutil.rmtree, args=(folder,),
+                                            kwargs={"ignore_errors": True}, exitpriority=0)))
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
     # As ipykernel's own spec: its metadata lets the kernel manager use CurveZMQ (without it
@@ -57,11 +58,20 @@ def current_kernel() -> str:
     return KERNEL_NAME
 
 
-def remove_kernel_folder() -> None:
-    """Remove this process's kernelspec folder now, where the process is about to end without
-    its exit handlers (a sweep worker killing its own process group)."""
-    for remove in _REMOVERS:
+def release_kernel() -> None:
+    """Remove this process's kernelspec folder now and take it off ``JUPYTER_PATH`` (the next
+    :func:`current_kernel` makes a new one): where the process may end without its exit
+    handlers (a sweep worker killing its own process group, a Ray worker)."""
+    while _REMOVERS:
+        folder, remove = _REMOVERS.pop()
         remove()  # a Finalize runs once: at exit it does nothing more
+        paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
+                 if p and p != folder]
+        if paths:
+            os.environ["JUPYTER_PATH"] = os.pathsep.join(paths)
+        else:
+            os.environ.pop("JUPYTER_PATH", None)
+    current_kernel.cache_clear()
 
 
 def import_papermill():

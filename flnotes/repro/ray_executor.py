@@ -38,7 +38,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from flnotes.repro.kernel import kernel_environment
+from flnotes.repro.kernel import kernel_environment, release_kernel
 
 INSTALL_HINT = "--executor ray needs Ray: pip install 'flnotes[ray]'"
 NO_GPUS = "the Ray cluster has no GPUs; drop --gpus-per-cell"
@@ -143,8 +143,11 @@ def _run_in_task(run_cell: Callable[..., dict], gpus: float, cpus: float, job: t
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
            # no GPU asked: none visible (Ray leaves the variable unset, which shows them all)
            "CUDA_VISIBLE_DEVICES": ",".join(ids) if gpus else ""}
-    with kernel_environment(**env):  # restored after: a worker runs other tasks after this one
-        return run_cell(*job)
+    try:
+        with kernel_environment(**env):  # restored after: a worker runs other tasks after this
+            return run_cell(*job)
+    finally:  # Ray ends its workers without their exit handlers: no kernelspec folder left
+        release_kernel()
 
 
 def _route_sigterm(before, stops: list) -> None:

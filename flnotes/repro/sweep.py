@@ -68,7 +68,7 @@ from flnotes.repro.kernel import (
     current_kernel,
     import_papermill,
     kernel_environment,
-    remove_kernel_folder,
+    release_kernel,
 )
 from flnotes.repro.notebooks import quiet_kernel_manager
 from flnotes.repro.ray_executor import _import_ray, cell_options, check_reachable, run_on_ray
@@ -123,7 +123,7 @@ def _worker(job: tuple, device: str | None, threads: int, parent: int) -> None:
         if cell_dir in _HOLDING and record.get("status") in (None, "running"):
             with contextlib.suppress(OSError, ValueError):
                 _write_json(path, {**record, "status": "interrupted"})
-        remove_kernel_folder()  # SIGKILL skips the exit handlers that would remove it
+        release_kernel()  # SIGKILL skips the exit handlers that would remove it
         os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it sends SIGTERM
