@@ -375,6 +375,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, the problem and where the flags are listed, not
+    the command's whole usage above it (run's is 85 lines)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     """The argument parser for all subcommands (``only_algorithm``: ``run``'s method flags
     are that method's alone, for ``run --algorithm NAME --help``)."""
@@ -385,11 +393,11 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     from flnotes.repro import tables as tables_cli
 
     # allow_abbrev=False everywhere: "--round 3" must not silently mean "--rounds 3".
-    parser = argparse.ArgumentParser(prog="python -m flnotes", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = OneLineParser(prog="python -m flnotes", description=DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                title="commands")
+                                title="commands", parser_class=OneLineParser)
     def command(name: str, func, **kwargs) -> argparse.ArgumentParser:
         made = sub.add_parser(name, allow_abbrev=False, **kwargs)
         made.set_defaults(func=func, command_parser=made)
@@ -466,7 +474,7 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """parse_args, but an unknown flag gets its command's usage and a 'did you mean'."""
+    """parse_args, but an unknown flag gets a 'did you mean' (a one-line error)."""
     args, extras = parser.parse_known_args(argv)
     if extras:
         command = getattr(args, "command_parser", parser)
