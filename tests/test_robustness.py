@@ -127,6 +127,14 @@ def test_every_missing_logger_package_is_named_at_once(monkeypatch):
         check_installed(["mlflow"])
 
 
+def test_seed_and_seeds_together_are_refused_not_one_dropped(tmp_path, capsys):
+    assert main(["run", *TINY, "--seeds", "0,1", "--seed", "5", "--run-dir",
+                 str(tmp_path / "r")]) == 2
+    assert _error_line(capsys) == ("error: give --seed 5 or --seeds 0,1, not both (--seeds "
+                                   "runs each seed it names)")
+    assert not (tmp_path / "r").exists()
+
+
 def test_run_refuses_logger_dir_without_logger_as_sweep_does(tmp_path, capsys):
     assert main(["run", *TINY, "--rounds", "1", "--logger-dir", str(tmp_path / "logs"),
                  "--run-dir", str(tmp_path / "r")]) == 2
@@ -140,6 +148,9 @@ def test_an_empty_destination_is_refused_not_the_current_folder(tmp_path, capsys
     monkeypatch.chdir(tmp_path)
     assert main(["notebooks", ""]) == 2
     assert "'' is not a folder's name" in _error_line(capsys)
+    assert main(["sweep", "fedqp_figures", "--smoke", "--out", " "]) == 2  # not runs/sweeps/...
+    assert "--out ' ' is not a folder's name" in _error_line(capsys)
+    assert not (tmp_path / "runs").exists()
     assert main(["demo", "--quick", "--out", ""]) == 2
     assert "--out '' is not a folder's name" in _error_line(capsys)
     assert list(tmp_path.iterdir()) == []

@@ -262,9 +262,9 @@ def _stored_config(path: str, flag: str) -> dict:
         raise ValueError(f"{flag} {path}: {file} is damaged (not JSON or YAML: "
                          f"{one_line(err)}{where})") from None
     if not isinstance(values, dict):
-        kind = {list: "list", str: "text", type(None): "empty file"}.get(
-            type(values), type(values).__name__)
-        raise ValueError(f"{flag} {path}: {file} is damaged (a {kind}, not a mapping of "
+        kind = {list: "a list", str: "a text", type(None): "an empty file"}.get(
+            type(values), f"a {type(values).__name__}")
+        raise ValueError(f"{flag} {path}: {file} is damaged ({kind}, not a mapping of "
                          "settings)")
     return values
 
@@ -309,6 +309,10 @@ def _resume_config(folder: str, flags: dict, args: argparse.Namespace) -> RunCon
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one configuration (``--seeds``: several), print each round, save a curve."""
     loggers = parse_loggers(args.logger)  # before a config is read
+    seed = getattr(args, "seed", None)  # (a config flag: absent unless given)
+    if args.seeds is not None and seed is not None:  # else --seed would be dropped
+        raise ValueError(f"give --seed {seed} or --seeds {','.join(map(str, args.seeds))}, "
+                         "not both (--seeds runs each seed it names)")
     return run_command(config_from_args(args), args.seeds, loggers=loggers,
                        logger_dir=args.logger_dir, threads=args.threads,
                        client_workers=args.client_workers)

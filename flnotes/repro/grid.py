@@ -137,7 +137,8 @@ def resolve_grid(name: str | Path) -> Path:
     if path.is_file():
         return path
     if path.exists():
-        raise GridError(f"grid {name} is a folder, not a YAML grid file")
+        raise GridError(f"grid {name} is {'a folder' if path.is_dir() else 'not a regular file'}"
+                        ": give a YAML grid file")
     if path.suffix != ".yaml" and path.with_name(path.name + ".yaml").is_file():
         return path.with_name(path.name + ".yaml")  # your own NAME.yaml before a shipped NAME
     shipped = shipped_grids()

@@ -688,6 +688,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise GridError("name a grid file or a shipped grid (python -m flnotes sweep --list)")
     if args.workers < 1:
         raise GridError(f"--workers must be 1 or more, got {args.workers}")
+    if args.out is not None and not args.out.strip():  # else the default folder, silently
+        raise GridError(f"--out {args.out!r} is not a folder's name; name one, or leave the "
+                        "flag out for runs/sweeps/<grid>-<variant>")
 
     loggers = parse_loggers(args.logger)
     check_installed(loggers)
