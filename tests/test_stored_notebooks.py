@@ -121,3 +121,13 @@ def test_every_explorer_cell_runs_alone(name):
         read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
                 and isinstance(n.ctx, ast.Load)}
         assert read <= defined, f"{name}: the explorer cell needs {sorted(read - defined)}"
+
+
+def test_the_notebooks_readme_lists_every_notebook_under_its_own_title():
+    """notebooks/README.md (copied with the series by `flnotes notebooks DEST`) names each
+    notebook by the title its first cell gives, so the two cannot drift apart."""
+    readme = (NOTEBOOKS / "README.md").read_text()
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        heading = "".join(json.loads(path.read_text())["cells"][0]["source"]).splitlines()[0]
+        title = heading.split("· ", 1)[1]
+        assert f"| `{path.stem}` | {title} |" in readme, path.stem
