@@ -2,6 +2,7 @@
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -56,6 +57,18 @@ def test_a_bad_flag_is_one_line_with_the_closest_flag(capsys, argv, words):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(words) and err.count("\n") == 1, err
+
+
+def test_version_and_the_name_the_user_called(capsys, monkeypatch):
+    import flnotes
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"flnotes {flnotes.__version__}\n"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/flnotes", "run", "--roudns"])
+    with pytest.raises(SystemExit):
+        main(["run", "--roudns"])
+    assert "(flnotes run --help lists the flags)" in capsys.readouterr().err
 
 
 def test_help_explains_every_field_and_lists_choices():

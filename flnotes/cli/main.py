@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from flnotes import __version__
 from flnotes.algorithms import algorithm_class, algorithm_names, all_settings, settings_of
 from flnotes.cli.field_help import FIELD_HELP
 from flnotes.cli.run import (
@@ -397,9 +398,12 @@ def build_parser(only_algorithm: str | None = None) -> argparse.ArgumentParser:
     from flnotes.repro import tables as tables_cli
 
     # allow_abbrev=False everywhere: "--round 3" must not silently mean "--rounds 3".
-    parser = OneLineParser(prog="python -m flnotes", description=DESCRIPTION,
+    # named as the user called it: the `flnotes` command, or `python -m flnotes`
+    prog = "flnotes" if Path(sys.argv[0]).name == "flnotes" else "python -m flnotes"
+    parser = OneLineParser(prog=prog, description=DESCRIPTION,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"flnotes {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands", parser_class=OneLineParser)
     def command(name: str, func, **kwargs) -> argparse.ArgumentParser:
