@@ -127,6 +127,16 @@ def test_every_missing_logger_package_is_named_at_once(monkeypatch):
         check_installed(["mlflow"])
 
 
+def test_seeds_are_not_written_into_a_single_runs_folder(tmp_path, capsys):
+    single = tmp_path / "r"
+    assert main(["run", *TINY, "--rounds", "1", "--run-dir", str(single)]) == 0
+    capsys.readouterr()
+    assert main(["run", *TINY, "--rounds", "1", "--seeds", "0,1", "--run-dir",
+                 str(single)]) == 2
+    assert _error_line(capsys).startswith(f"error: {single} holds one run (its run.json)")
+    assert not (single / "seed0").exists()
+
+
 def test_seed_and_seeds_together_are_refused_not_one_dropped(tmp_path, capsys):
     assert main(["run", *TINY, "--seeds", "0,1", "--seed", "5", "--run-dir",
                  str(tmp_path / "r")]) == 2

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import time
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -54,6 +55,9 @@ def seed_configs(config, seeds: list[int]) -> list:
         raise ValueError("run_seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"run_seeds got a seed twice: {seeds}")
+    if config.run_dir is not None and (Path(config.run_dir) / "run.json").exists():
+        raise ValueError(f"{config.run_dir} holds one run (its run.json): the seeds' folders "
+                         "would go inside it; give the seeds a run folder of their own")
     return [config.replace(seed=seed, run_dir=None if config.run_dir is None
                            else f"{config.run_dir}/seed{seed}") for seed in seeds]
 
