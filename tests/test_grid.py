@@ -114,6 +114,11 @@ def test_unknown_override_and_missing_smoke_section(tmp_path, notebook):
     path = write_grid(tmp_path, {"notebook": notebook.name})
     with pytest.raises(grids.GridError, match="'nope' \\(in --set\\)"):
         grids.load_grid(path, overrides={"nope": 1})
+    # neither dropped silently: --set labels=5 (labels are the grid's), --set config=5
+    with pytest.raises(grids.GridError, match="'labels' \\(in --set\\) label a grid's cells"):
+        grids.load_grid(path, overrides={"labels": 5})
+    with pytest.raises(grids.GridError, match="'config' \\(in --set\\) must be a mapping"):
+        grids.load_grid(path, overrides={"config": 5})
     with pytest.raises(grids.GridError, match="no 'smoke' section"):
         grids.load_grid(path, smoke=True)
 

@@ -439,15 +439,20 @@ def _parameter_problems(notebook: Path, fixed: dict, axes: dict, overrides: dict
     # `extra` dict takes anything
     fields = set(field_names()) if "config" in own else set()
     known = own | PSEUDO | fields | set(CATCH_ALL)
-    used = []
-    for layer, where in [(fixed, "fixed"), (overrides, "--set")] + [
-            (bundle, f"grid axis {name!r}") for name, values in axes.items()
-            if isinstance(values, dict) for bundle in values.values()]:
+    used, layers = [], [(fixed, "fixed"), (overrides, "--set")] + [
+        (bundle, f"grid axis {name!r}") for name, values in axes.items()
+        if isinstance(values, dict) for bundle in values.values()]
+    for layer, where in layers:
         if isinstance(layer, dict):
             used += [(k, where) for k in (flat_settings(layer) if fields else layer)]
     used += [(name, "grid") for name, values in axes.items() if not isinstance(values, dict)]
     problems = [f"parameter {k!r} (in {where}) is set by the sweep itself" for k, where in used
                 if k in RESERVED]
+    if "labels" in overrides:  # (expand reads the grid's labels; --set's would be dropped)
+        problems.append("'labels' (in --set) label a grid's cells: set them in the grid file")
+    problems += [f"'config' (in {where}) must be a mapping of RunConfig fields, got "
+                 f"{layer['config']!r}" for layer, where in layers
+                 if isinstance(layer, dict) and not isinstance(layer.get("config", {}), dict)]
     for key, where in used:
         if key not in known and key not in RESERVED:
             hint = did_you_mean(key, sorted((own | fields) - RESERVED - set(CATCH_ALL)))
