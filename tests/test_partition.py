@@ -117,15 +117,15 @@ def test_manifest_against_other_labels_raises(tmp_path, labels):
     (lambda c: [[len(c[0]) * 1000]] + c[1:], "sample index 1000000 is not one of the 5000"),
     (lambda c: [[-1, *c[0]]] + c[1:], "sample index -1 is not one of the 5000"),
     (lambda c: [c[0] + [c[1][0]]] + c[1:], "is given more than once"),
-    (lambda c: [[]] + c[1:], "must be non-empty lists of sample indices"),
-    (lambda c: [[0.5, *c[0]]] + c[1:], "must be non-empty lists of sample indices"),
-    (lambda c: [[True]] + c[1:], "must be non-empty lists of sample indices"),
-    (lambda c: {"a": c}, "must be non-empty lists of sample indices"),
+    (lambda c: [c[0], [0.5, *c[1]]] + c[2:], "client 1's samples must be a list of whole"),
+    (lambda c: [[True]] + c[1:], "client 0's samples must be a list of whole sample indices"),
+    (lambda c: [5] + c[1:], "client 0's samples must be a list of whole sample indices"),
+    (lambda c: {"a": c}, "'clients' must hold one list of sample indices per client"),
 ])
 def test_a_hand_edited_manifest_is_checked_not_trained_on(tmp_path, labels, edit, words):
     """Indices outside the data (a negative one counts from the end), a sample on two
-    clients, an empty client, fractions or booleans: an error naming the problem, never a run
-    on other samples than the manifest seems to say."""
+    clients, fractions or booleans: an error naming the problem, never a run on other samples
+    than the manifest seems to say."""
     import json
 
     path = tmp_path / "manifest.json"
@@ -134,6 +134,17 @@ def test_a_hand_edited_manifest_is_checked_not_trained_on(tmp_path, labels, edit
     path.write_text(json.dumps({**manifest, "clients": edit(manifest["clients"])}))
     with pytest.raises(ValueError, match=words):
         load_manifest(path, labels)
+
+
+def test_a_manifest_with_an_empty_client_reads_back(tmp_path):
+    """min_client_size 0 lets a Dirichlet split leave clients empty; save_manifest writes
+    them and the next run must read its own manifest back."""
+    y = torch.arange(10).repeat(20)
+    parts = dirichlet_partition(y, 20, 0.05, seed=0, min_size=0)
+    assert any(len(p) == 0 for p in parts)
+    save_manifest(tmp_path / "m.json", parts, y)
+    loaded = load_manifest(tmp_path / "m.json", y)
+    assert all(torch.equal(a, b) for a, b in zip(parts, loaded, strict=True))
 
 
 def test_labels_hash_ignores_dtype_but_not_values(labels):

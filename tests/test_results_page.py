@@ -259,52 +259,43 @@ def test_the_committed_results_page_is_what_the_command_makes(tmp_path, monkeypa
     assert page.read_text() == (root / "results" / page_name).read_text()
 
 
-def test_two_runs_of_one_seed_are_an_error_not_a_silent_choice(results):
-    """An old folder beside a rerun with other settings (e.g. another weighting): the page
-    would read one of the two seed-0 FedAvg runs and not say which."""
+def _old_fedavg_beside(results: Path, **changes) -> None:
+    """A copy of the seed-0 FedAvg run of dir=0.1 in a cell of its own, with ``changes``."""
     import shutil
 
     old = results / "cells" / "dir=0.1_FedAvg_seed0-00000000"
     copy = results / "cells" / "dir=0.1_FedAvg_seed0-old"
     shutil.copytree(old, copy)
     folder = copy / "runs" / "fedavg" / "seed0"
-    config = dict(json.loads((folder / "config.json").read_text()), weighting="uniform",
+    config = dict(json.loads((folder / "config.json").read_text()), **changes,
                   run_dir=str(folder))
     (folder / "config.json").write_text(json.dumps(config))
     meta = json.loads((folder / "run.json").read_text())
     (folder / "run.json").write_text(json.dumps(dict(meta, config=config)))
-    with pytest.raises(ValueError, match="two runs of FedAvg, seed 0"):
-        results_page.build_page(results)
 
 
-def test_a_setting_swept_within_a_cell_is_read_per_value(results):
-    """Two FedMut runs of each seed, at alpha 4 and alpha 2 (a figure grid's ablation): the
-    page and ``tables`` read each alpha against FedAvg, named by it, never one of the two."""
-    import shutil
-
-    from flnotes.repro.tables import collect_runs, one_per_run, readings
-
-    for seed in (0, 1):
-        old = results / "cells" / f"dir=0.1_FedMut_seed{seed}-0000000{seed}"
-        for alpha, copy in ((4.0, old), (2.0, old.with_name(old.name + "-alpha2"))):
-            if copy != old:
-                shutil.copytree(old, copy)
-            folder = copy / "runs" / "fedmut" / f"seed{seed}"
-            config = dict(json.loads((folder / "config.json").read_text()), alpha=alpha,
-                          run_dir=str(folder))
-            (folder / "config.json").write_text(json.dumps(config))
-            meta = json.loads((folder / "run.json").read_text())
-            (folder / "run.json").write_text(json.dumps(dict(meta, config=config)))
+def test_two_fedavg_runs_of_one_seed_are_read_apart_never_one_chosen(results):
+    """An old folder beside a rerun with other settings (another weighting): the page would
+    read one of the two seed-0 FedAvg runs and not say which. The setting is read apart by
+    that setting instead, each method with the FedAvg of its own value; two FedAvg runs that
+    differ in nothing a run computes (only where the data lay) stay an error."""
+    before = results_page.build_page(results)[0].read_text()
+    _old_fedavg_beside(results, weighting="uniform")
     text = results_page.build_page(results)[0].read_text()
-    for alpha in ("2.0", "4.0"):
-        assert row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "dir=0.1", f"FedMut (alpha {alpha}) "
-                      "− FedAvg")
-        # the copies hold the same curves: each alpha reads as FedMut did alone
-        assert (f"CIFAR-10, CNN, dir=0.1: FedMut (alpha {alpha}) > FedAvg holds: every seed "
-                "leads by more than the seeds' spread") in text
-    claims = readings(one_per_run(collect_runs(results)))
-    assert [c for c in claims if "FedMut (alpha 2.0) > FedAvg" in c]
-    assert not [c for c in claims if c.startswith("CIFAR-10, CNN, dir=0.1: FedMut > ")]
+    # every method's reading as before, now under 'dir=0.1, weighting None'
+    for method in ("FedMut", "FedQP"):
+        old = row_of(before, DIFFERENCES, "CIFAR-10", "CNN", "dir=0.1", f"{method} − FedAvg")
+        new = row_of(text, DIFFERENCES, "CIFAR-10", "CNN", "dir=0.1, weighting None",
+                     f"{method} − FedAvg")
+        assert new.split("|")[5:9] == old.split("|")[5:9]  # ours, per seed, reading, paper
+    assert row_of(text, OURS, "CIFAR-10", "CNN", "dir=0.1, weighting uniform", "FedAvg")
+
+
+def test_two_fedavg_runs_that_differ_in_nothing_computed_are_an_error(results):
+    _old_fedavg_beside(results, data_dir="/elsewhere")
+    with pytest.raises(ValueError, match="two runs of FedAvg, seed 0, in CIFAR-10, CNN, "
+                       "dir=0.1: .* \\(they differ in data_dir\\); move one away"):
+        results_page.build_page(results)
 
 
 @pytest.fixture

@@ -118,8 +118,8 @@ def test_every_missing_logger_package_is_named_at_once(monkeypatch):
     from flnotes.engine.tracking import TrackingError, check_installed
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(TrackingError, match=r"^--logger tensorboard, mlflow needs the "
-                       r"tensorboard, mlflow packages: pip install "
+    with pytest.raises(TrackingError, match=r"^--logger tensorboard,mlflow needs the "
+                       r"tensorboard and mlflow packages: pip install "
                        r"'flnotes\[tensorboard,mlflow\]'$"):
         check_installed(["tensorboard", "mlflow"])
     with pytest.raises(TrackingError, match=r"^--logger mlflow needs the mlflow package: "

@@ -139,7 +139,7 @@ def test_compare_difference_and_not_run(tmp_path):
          "accuracy_std": 0.0, "seeds": 1, "runs": 1, "completed": 1},
         {"paper_table": "", "dataset": "CIFAR-10", "model": "CNN",
          "heterogeneity": "iid", "method": "FedMut", "accuracy_mean": 60.0,
-         "accuracy_std": 0.5, "seeds": 1, "runs": 2, "completed": 1},
+         "accuracy_std": 0.5, "seeds": 2, "runs": 2, "completed": 1},
     ])
     result = tables.compare(tables.load_paper_table("fedmut_table1"), ours, table="fedmut_table1")
     assert len(result) == 120

@@ -134,6 +134,26 @@ def test_a_cell_json_with_bad_labels_or_an_unknown_table_is_said(tmp_path, capsy
     assert fedavg_cell(out).startswith("47.93 / 50.00")  # the loose run, read after all
 
 
+def test_a_cell_averaging_two_studies_is_marked_and_read_apart(tmp_path, capsys):
+    """Seed 0 at 12 rounds and again at 24 (two studies in one folder): the table cell
+    averages both and says so with MIXED_MARK; the readings take each study with its own
+    FedAvg (before, a reading paired one study's method with the other's FedAvg)."""
+    for rounds, folder in ((12, "short"), (24, "long")):
+        for algorithm, accuracy in (("fedavg", 50.0), ("fedmut", 52.0 + rounds / 12)):
+            run = write_run(tmp_path / folder / algorithm, [accuracy] * rounds)
+            config = dict(CONFIG, algorithm=algorithm, rounds=rounds, seed=0, run_dir=str(run))
+            (run / "run.json").write_text(json.dumps({"config": config,
+                                                      "status": "completed"}))
+    code, out, err = tables(tmp_path, capsys)
+    assert code == 0, err
+    assert fedavg_cell(out).startswith("47.93 / 50.00*+")
+    assert "+ more runs than seeds: the cell averages runs of different settings" in out
+    assert ("CIFAR-10, CNN, dir=0.1, rounds 12: FedMut > FedAvg cannot tell (late difference "
+            "per seed: +3.00)") in out
+    assert "CIFAR-10, CNN, dir=0.1, rounds 24: FedMut > FedAvg cannot tell (late difference " \
+        "per seed: +4.00)" in out
+
+
 def test_failed_runs_are_shown_apart_and_never_averaged(tmp_path, capsys):
     write_run(tmp_path / "ok", [50.0])
     broken = write_run(tmp_path / "broken", [10.0], seed=1, status="failed",

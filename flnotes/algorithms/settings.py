@@ -31,9 +31,11 @@ FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: a model's
 def float32_overflow(value: Any) -> str | None:
     """'must be at most ...' for a finite number that float32 cannot hold: the optimizer
     turns it into a model's float32 and fails with an overflow deep in a round."""
-    if (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and abs(value) > FLOAT32_MAX):
-        return f"must be at most {FLOAT32_MAX:.3g} in size: float32 tensors cannot hold {value:g}"
+    if (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (isinstance(value, int) or math.isfinite(value)) and abs(value) > FLOAT32_MAX):
+        shown = f"{value:g}" if isinstance(value, float) else \
+            f"about 1e{int(abs(value).bit_length() * math.log10(2))}"  # (no float holds it)
+        return f"must be at most {FLOAT32_MAX:.3g} in size: float32 tensors cannot hold {shown}"
     return None
 
 
@@ -106,9 +108,9 @@ class Setting:
             ok = isinstance(value, bool)
         elif self.kind is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
-        elif self.kind is float:
+        elif self.kind is float:  # (an int is finite; math.isfinite fails on a huge one)
             ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value))
+                  and (isinstance(value, int) or math.isfinite(value)))
         else:
             ok = isinstance(value, str)
         if ok and self.choices:

@@ -334,7 +334,12 @@ def _build(config: RunConfig, values: dict[str, Any], *, strict: bool,
 def _problems(c: RunConfig):
     """Yield one message per invalid field: the field, the value and what is allowed."""
     def bad(name: str, allowed: str) -> str:
-        return f"RunConfig.{name}={getattr(c, name)!r} is invalid: {allowed}"
+        try:
+            shown = repr(getattr(c, name))
+        except ValueError:  # an int of more digits than Python prints
+            shown = "<a number too long to print>"
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f"RunConfig.{name}={shown} is invalid: {allowed}"
 
     known_algorithm = isinstance(c.algorithm, str) and c.algorithm in algorithm_names()
     if not known_algorithm:
@@ -441,7 +446,7 @@ def _problems(c: RunConfig):
 def _is_number(value: Any) -> bool:
     """A finite int or float: NaN and inf pass every comparison-based range check wrongly."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+            and (isinstance(value, int) or math.isfinite(value)))  # (isfinite fails on 10**400)
 
 
 def _valid_device(device: str) -> bool:

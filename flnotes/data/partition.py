@@ -185,17 +185,19 @@ def load_manifest(path: str | Path, labels: torch.Tensor) -> list[torch.Tensor]:
         raise ValueError(f"partition manifest {path} is not one save_manifest wrote: it needs "
                          "'labels_sha256' and 'clients'")
     lists = manifest["clients"]
-    whole = (isinstance(lists, list) and lists and all(
-        isinstance(ix, list) and ix and all(type(i) is int for i in ix) for ix in lists))
-    if not whole:  # (numpy would cut 0.5 to sample 0 and read True as sample 1)
-        raise ValueError(f"partition manifest {path}: 'clients' must be non-empty lists of "
-                         "sample indices (whole numbers), one list per client")
+    if not isinstance(lists, list) or not lists:
+        raise ValueError(f"partition manifest {path}: 'clients' must hold one list of sample "
+                         "indices per client")
+    for k, ix in enumerate(lists):  # (numpy would cut 0.5 to sample 0, read True as sample 1)
+        if not isinstance(ix, list) or not all(type(i) is int for i in ix):
+            raise ValueError(f"partition manifest {path}: client {k}'s samples must be a list "
+                             f"of whole sample indices, got {json.dumps(ix)[:60]}")
     clients = _to_tensors(lists)
     expected, actual = manifest["labels_sha256"], labels_hash(labels)
     if expected != actual:
         raise ValueError(f"manifest {path} was made from different data: its labels_sha256 "
                          f"is {expected}, the given labels hash to {actual}")
-    every = torch.cat(clients)
+    every = torch.cat(clients)  # (a client may be empty, as save_manifest writes it)
     outside = every[(every < 0) | (every >= len(labels))]
     if len(outside):  # (a negative index would count from the end: a silent wrong sample)
         raise ValueError(f"partition manifest {path}: sample index {int(outside[0])} is not "

@@ -64,9 +64,8 @@ def check_installed(names: Iterable[str]) -> None:
     """TrackingError naming the pip command for every logger whose package is missing."""
     missing = [name for name in names if importlib.util.find_spec(name) is None]
     if missing:
-        them = ", ".join(missing)
-        raise TrackingError(f"--logger {them} needs the {them} package"
-                            f"{'s' if len(missing) > 1 else ''}: "
+        raise TrackingError(f"--logger {','.join(missing)} needs the {' and '.join(missing)} "
+                            f"package{'s' if len(missing) > 1 else ''}: "
                             f"pip install 'flnotes[{','.join(missing)}]'")
 
 

@@ -484,7 +484,9 @@ def make_figure(results: str | Path, name: str, out: str | Path | None = None
 
     runs = load_runs(results)
     # runs of a grid's smoke variant keep the paper setting's labels: the figure says so
-    smoke = "smoke scale" if any(run.variant == "smoke" for run in runs) else None
+    smoked = sum(run.variant == "smoke" for run in runs)
+    smoke = None if not smoked else "smoke scale" if smoked == len(runs) else \
+        f"{smoked} of {len(runs)} runs at smoke scale"
     fig, caption = draw(FIGURES[name], runs, scale=smoke)
     png = Path(out) if out else Path(results) / "figures" / f"{name}.png"
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -492,8 +494,9 @@ def make_figure(results: str | Path, name: str, out: str | Path | None = None
     plt.close(fig)
     text = png.with_suffix(".md")
     if smoke:  # (the figure's own title says it too)
-        caption = [f"{caption[0]}, at smoke scale: the grid's smoke variant (its own small "
-                   "data and model) under the paper setting's labels", *caption[1:]]
+        caption = [f"{caption[0]}, {'at ' if smoked == len(runs) else ''}{smoke}: the "
+                   "grid's smoke variant (its own small data and model) under the paper "
+                   "setting's labels", *caption[1:]]
     text.write_text("\n\n".join(caption) + "\n")
     return png, text
 

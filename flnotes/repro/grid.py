@@ -385,9 +385,9 @@ def _name_problems(cell: Cell) -> list[str]:
 def _label_problems(where: str, labels: Any) -> list[str]:
     """A table's labels must map names to a text or a number (a table's cell is named by
     them)."""
-    if isinstance(labels, dict) and all(isinstance(v, (str, int, float)) and
-                                        not isinstance(v, bool) for v in labels.values()):
-        return []
+    if labels is None or isinstance(labels, dict) and all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in labels.values()):
+        return []  # (None: "labels:" left empty, no labels)
     return [f"{where} must map names to a text or a number each, got {labels!r}"]
 
 

@@ -483,22 +483,24 @@ def page_text(results: Path, groups: dict, png: str, readings_png: str = "",
             ours = _mean_std([v for _, v in finals])
             accuracies.append(_row(*setting, method, ", ".join(str(r.seed) for r in method_runs),
                                    f"{reached} / {', '.join(planned)}", *at, ours + where))
-            published = [papers.get((t, *theirs), {}).get(method) for t in shown_tables]
+            # the papers' cells by the method's own name ('FedMut' for 'FedMut (alpha 2.0)')
+            named = str(method_runs[0].labels["method"])
+            published = [papers.get((t, *theirs), {}).get(named) for t in shown_tables]
             paper_cells.append(_row(*setting, method, ours, " | ".join(
                 "—" if v is None else f"{v:.2f}" for v in published)))
             if method == BASELINE or not base:
                 continue
             result = late_reading(method_runs, base)
-            table = paper_table_of(method, method_runs, theirs, papers)
+            table = paper_table_of(named, method_runs, theirs, papers)
             cells = papers.get((table, *theirs), {})
-            paper = (cells[method] - cells[BASELINE]
-                     if method in cells and BASELINE in cells else None)
+            paper = (cells[named] - cells[BASELINE]
+                     if named in cells and BASELINE in cells else None)
             per_seed = "; ".join(f"{s.seed}: {s.difference:+.2f}, {s.leads}/{s.evaluations}"
                                  for s in result.seeds) or "—"
             # ', for FEMNIST/CNN/leaf' where our setting stands in for the paper's
             stand_in = "" if setting == theirs else f", for {'/'.join(theirs)}"
             cell_text = "—" if paper is None else \
-                f"{method} {cells[method]:.2f}, {BASELINE} {cells[BASELINE]:.2f} " \
+                f"{named} {cells[named]:.2f}, {BASELINE} {cells[BASELINE]:.2f} " \
                 f"({table}{stand_in})"
             note = diverged(by_method, method, BASELINE)
             differences.append(_row(

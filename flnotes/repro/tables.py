@@ -89,7 +89,7 @@ def _cell_info(run_dir: Path, root: Path) -> dict:
                 raise ValueError(f"{cell} is damaged (not a JSON object)")
             labels = info.get("labels", {})
             if not isinstance(labels, dict) or not all(
-                    isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                    v is None or isinstance(v, (str, int, float)) and not isinstance(v, bool)
                     for v in labels.values()):
                 raise ValueError(f"{cell} is damaged (its labels must map names to a text or "
                                  f"a number each, not {json.dumps(labels)[:80]})")
@@ -337,33 +337,65 @@ NOT_SETTINGS = {"run_dir", "data_dir", "data_source", "download", "checkpoint_ev
                 "partition_manifest"}
 
 
+def _differing(runs: list[Run], ignored: set[str]) -> list[str]:
+    """The config fields, but ``ignored``, whose values are not the same in all ``runs``."""
+    return sorted(k for k in {k for run in runs for k in run.config} - ignored
+                  if len({json.dumps(run.config.get(k), sort_keys=True, default=str)
+                          for run in runs}) > 1)
+
+
+def _tag(run: Run, keys: list[str]) -> str:
+    return ", ".join(f"{k} {run.config.get(k)}" for k in keys)
+
+
+def _repeats_a_seed(runs: list[Run]) -> bool:
+    return len({run.seed for run in runs}) < len(runs)
+
+
+def _two_runs(method: str, setting: tuple, runs: list[Run], keys: list[str]):
+    """Raise the error that names two runs of ``method`` of one seed and how they differ."""
+    seeds = [run.seed for run in runs]
+    seed = next(s for s in seeds if seeds.count(s) > 1)
+    a, b = [run.run_dir for run in runs if run.seed == seed][:2]
+    raise ValueError(f"two runs of {method}, seed {seed}, in {', '.join(setting)}: {a} and {b}"
+                     + (f" (they differ in {', '.join(keys)})" if keys else "")
+                     + "; move one away")
+
+
 def by_setting(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
-    """setting -> method -> runs (by seed), everything sorted, FedAvg first. A method with two
-    runs of one seed (a setting swept within a cell, or an old folder beside a rerun with other
-    settings) is split by the settings its runs differ in, 'FedMut (alpha 2.0)', never read as
-    one; FedAvg, which every reading compares with, must have one run a seed (an error)."""
-    out: dict[tuple, dict[str, list[Run]]] = {}
+    """setting -> method -> runs (by seed), everything sorted, FedAvg first; never two runs of
+    one method and seed read as one.
+
+    Where FedAvg, which every reading compares with, has two runs of a seed (two studies in
+    one folder: 200 and 400 rounds), the setting is split by the settings those runs differ
+    in, every method's runs with them ('dir=0.1, rounds 400'). Where another method has (a
+    setting swept within a cell, an old folder beside a rerun), it is split by name, 'FedMut
+    (alpha 2.0)'. Runs that differ in nothing but their folder are an error."""
+    grouped: dict[tuple, dict[str, list[Run]]] = {}
     for run in sorted(runs, key=lambda r: (r.setting, str(r.labels["method"]), r.seed)):
-        out.setdefault(run.setting, {}).setdefault(str(run.labels["method"]), []).append(run)
+        grouped.setdefault(run.setting, {}).setdefault(str(run.labels["method"]), []).append(run)
+    out: dict[tuple, dict[str, list[Run]]] = {}
+    for setting, by_method in grouped.items():
+        base = by_method.get(BASELINE, [])
+        keys = _differing(base, NOT_SETTINGS) if _repeats_a_seed(base) else []
+        studies = {_tag(run, keys) for run in base}
+        if keys and any(_tag(r, keys) not in studies for rs in by_method.values() for r in rs):
+            _two_runs(BASELINE, setting, base, keys)  # not two studies: runs FedAvg lacks
+        for method, method_runs in by_method.items():
+            for run in method_runs:
+                where = (*setting[:2], f"{setting[2]}, {_tag(run, keys)}") if keys else setting
+                out.setdefault(where, {}).setdefault(method, []).append(run)
     for setting, by_method in out.items():
         for method, method_runs in list(by_method.items()):
-            seeds = [run.seed for run in method_runs]
-            if len(set(seeds)) == len(seeds):
+            if not _repeats_a_seed(method_runs):
                 continue
-            keys = sorted(k for k in {k for run in method_runs for k in run.config} - NOT_SETTINGS
-                          if len({json.dumps(run.config.get(k), sort_keys=True, default=str)
-                                  for run in method_runs}) > 1)
+            # any field but the folder and the seed: one_per_run kept both as two runs
+            keys = _differing(method_runs, {"run_dir", "seed"})
             if method == BASELINE or not keys:
-                seed = next(s for s in seeds if seeds.count(s) > 1)
-                a, b = [run.run_dir for run in method_runs if run.seed == seed][:2]
-                why = (f" (they differ in {', '.join(keys)}); every reading compares with one "
-                       f"{BASELINE} run a seed") if keys else ""
-                raise ValueError(f"two runs of {method}, seed {seed}, in {', '.join(setting)}: "
-                                 f"{a} and {b}{why}; move one away")
+                _two_runs(method, setting, method_runs, keys)
             del by_method[method]
             for run in method_runs:
-                name = f"{method} ({', '.join(f'{k} {run.config.get(k)}' for k in keys)})"
-                by_method.setdefault(name, []).append(run)
+                by_method.setdefault(f"{method} ({_tag(run, keys)})", []).append(run)
     return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
             for k, v in sorted(out.items())}
 
@@ -549,6 +581,7 @@ def readings(runs: pd.DataFrame) -> list[str]:
 
 PARTIAL_MARK = "~"  # not every run of the cell completed
 SETTING_MARK = "*"  # some run of the cell differs from the paper's setting
+MIXED_MARK = "+"  # more runs than seeds: the cell averages runs of different settings
 
 
 def side_by_side(comparison: pd.DataFrame, run_only: bool = False) -> pd.DataFrame:
@@ -565,7 +598,8 @@ def side_by_side(comparison: pd.DataFrame, run_only: bool = False) -> pd.DataFra
         if row["status"] == "not run":
             return f"{paper} / not run"
         mark = ("" if row["status"] == "done" else PARTIAL_MARK) + (
-            SETTING_MARK if row.get("setting") else "")
+            SETTING_MARK if row.get("setting") else "") + (
+            MIXED_MARK if row["runs"] > row["seeds"] else "")
         return f"{paper} / {row['ours']:.2f}{mark} ({row['difference']:+.2f})"
 
     shown = comparison[comparison["status"] != "not run"] if run_only else comparison
@@ -585,6 +619,10 @@ def legend(comparison: pd.DataFrame) -> list[str]:
     if (comparison["status"] == "partial").any():
         lines.append(f"{PARTIAL_MARK} not every run of the cell completed (running, "
                      "interrupted or diverged)")
+    if (comparison["runs"] > comparison["seeds"]).any():
+        lines.append(f"{MIXED_MARK} more runs than seeds: the cell averages runs of different "
+                     "settings (two studies, e.g. 200 and 400 rounds); the readings below take "
+                     "them apart")
     notes = [n for cell in comparison.get("setting", []) if isinstance(cell, list) for n in cell]
     if notes:
         marked = int(sum(bool(c) for c in comparison["setting"] if isinstance(c, list)))

@@ -915,9 +915,8 @@ def training_note(values: dict) -> str:
     same, said = _draws_fedavg(values)
     if not same:
         return ""
-    first = {name: parameter.default for name, parameter in
-             inspect.signature(training_runs).parameters.items() if name in values}
-    if not said and not _draws_fedavg({**first, "algorithm": method})[0]:
+    toy = _copies_fedavg_on_the_toy(method)
+    if not said and toy is None:
         why = [*(["alpha 0 draws no mutants"] if reads(method, "alpha") and
                  values["alpha"] == 0 else []),
                *(["a single round leaves no earlier round to build on"] if values["rounds"] == 1
@@ -925,10 +924,22 @@ def training_note(values: dict) -> str:
         return (f"{method} draws exactly FedAvg's path at these settings: "
                 + ("; ".join(why) or "its own step changes nothing at these values")
                 + ". At the explorer's first settings its path differs.")
-    why = "; ".join(said) or (f"on the 2-D toy {method}'s own term has nothing to act on (the "
-                              "toy's model has no classes)")
-    return (f"{method} draws exactly FedAvg's path here: {why}. Its own term acts on a "
-            "model with classes (the CIFAR-10 and Shakespeare tasks), not on this toy.")
+    return (f"{method} draws exactly FedAvg's path here: {'; '.join(said) or toy}. Its own "
+            "term acts on a model with classes (the CIFAR-10 and Shakespeare tasks), not on "
+            "this toy.")
+
+
+def _copies_fedavg_on_the_toy(method: str) -> str | None:
+    """Why ``method`` draws FedAvg's path at the training explorer's first settings (the
+    reason it gave, else the toy's lack of classes), or None where its path differs there."""
+    first = {name: parameter.default for name, parameter in
+             inspect.signature(training_runs).parameters.items()
+             if name not in ("algorithm", "seed")}
+    same, said = _draws_fedavg({**first, "algorithm": method})
+    if not same:
+        return None
+    return "; ".join(said) or (f"on the 2-D toy {method}'s own term has nothing to act on "
+                               "(the toy's model has no classes)")
 
 
 def training_explorer(**defaults) -> Explorer:
@@ -1099,14 +1110,8 @@ def race_note(values: dict) -> str:
     method = values["algorithm"]
     if reads(method, "alpha") and values["alpha"] == 0:
         return f"{method} races exactly as FedAvg here: alpha 0 draws no mutants."
-    first = {name: parameter.default for name, parameter in
-             inspect.signature(training_runs).parameters.items() if name != "seed"}
-    same, said = _draws_fedavg({**first, "algorithm": method})
-    if not same:
-        return ""
-    why = "; ".join(said) or (f"on the 2-D toy {method}'s own term has nothing to act on (the "
-                              "toy's model has no classes)")
-    return f"{method} races exactly as FedAvg here: {why}."
+    why = _copies_fedavg_on_the_toy(method)
+    return "" if why is None else f"{method} races exactly as FedAvg here: {why}."
 
 
 def race_explorer(options: Mapping | None = None, **defaults) -> Explorer:
