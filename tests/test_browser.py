@@ -925,15 +925,16 @@ def _reopen_on_fresh_kernel(browser, base: str, root: Path, name: str) -> None:
         _widgets_shown(page, f"{name}: reopened on a fresh kernel, a widget fails to show")
         for cell in page.locator(".jp-CodeCell").all():
             if "_explorer(" in cell.locator(".jp-InputArea").inner_text():
-                assert cell.locator(".jp-OutputArea img").count(), \
-                    f"{name}: reopened, an explorer shows no figure"
-                # The saved controls come once the new kernel's session is up (the widget
-                # manager restores the state then): on a loaded machine that takes a while.
-                try:
-                    cell.locator(".widget-hbox").first.wait_for(timeout=90_000)
-                except PlaywrightTimeout:
-                    raise AssertionError(
-                        f"{name}: reopened, an explorer shows no controls") from None
+                # The saved figure (an image widget) and controls come once the new kernel's
+                # session is up (the widget manager restores the saved state then): on a
+                # loaded machine that takes a while.
+                for part, selector in (("figure", ".jp-OutputArea img"),
+                                       ("controls", ".widget-hbox")):
+                    try:
+                        cell.locator(selector).first.wait_for(timeout=90_000)
+                    except PlaywrightTimeout:
+                        raise AssertionError(
+                            f"{name}: reopened, an explorer shows no {part}") from None
         _not_unsaved(page, f"{name}: a saved copy reopened is marked unsaved (nothing changed)")
         _edit_marks_unsaved(page, name)
     except BaseException:

@@ -1,9 +1,11 @@
 """ipywidgets explorers: sliders that redraw the toy pictures of :mod:`flnotes.plots`.
 
 An :class:`Explorer` pairs a pure ``draw(**values) -> Figure`` function with one control
-per argument. Displayed in a notebook it first shows the default figure as an ordinary
-image output (so a headless papermill/nbval run, a saved copy and GitHub keep a picture)
-and then the controls; moving a control redraws that same output in place. The first
+per argument. Displayed in a notebook it first shows the default figure, an image widget
+with the PNG beside it in the same output (a headless papermill/nbval run, the shipped
+copies and GitHub keep the PNG; JupyterLab shows the widget, in a reloaded page too, and in
+a reopened copy once its kernel is up), and then the controls; moving a control redraws
+that image in place. The first
 picture of a setting and every later redraw of it are the same image (titles, legends and
 labels included): a :class:`Scene`'s kept figure is checked against a fresh full draw.
 
